@@ -1,0 +1,2 @@
+//! RunState JSON benchmark (being written).
+fn main() {}

@@ -1,0 +1,464 @@
+//! The agent loop. [`Runner::step`] advances a [`RunState`] until the model gives a final answer
+//! or some tool call needs a person's decision; [`Runner::run`] and [`Runner::resume`] wrap it.
+//!
+//! The history lives in `state.messages` in the OpenAI chat shape (the user's input first); the
+//! system instructions are not stored but sent first on every request. Audit fields of the
+//! state (`approval_metadata`: approver and reason) are never read here, so they never reach
+//! the model; a rejection's `message` does, as the tool's result.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use super::Agent;
+use super::http::{build_client, error_chain};
+use super::model::{self, ModelError, ModelRequest, RetryPolicy, ToolArguments, ToolCall};
+use crate::state::pyjson::{self, Value};
+use crate::state::{DEFAULT_REJECTION_MESSAGE, DeferredToolCall, RunState};
+
+/// Errors that stop a run. A run that halts for approval is not an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The HTTP client could not be created.
+    #[error("cannot create the HTTP client: {0}")]
+    Client(String),
+    /// The state was written by a run of another agent.
+    #[error("the run state belongs to agent `{state_agent}`, not to agent `{agent}`")]
+    AgentMismatch {
+        /// The agent asked to resume.
+        agent: String,
+        /// The state's `agent_name`.
+        state_agent: String,
+    },
+    /// The run used all its model turns without a final answer.
+    #[error("the run reached its limit of {max_turns} model turns (maxTurns) without a final answer")]
+    MaxTurnsExceeded {
+        /// The agent's limit.
+        max_turns: u32,
+    },
+    /// The model could not be asked, or answered with something unusable.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The model gave a new tool call the id of an earlier one. Approvals are keyed by tool
+    /// call id, so the run stops rather than apply an earlier decision to a new call.
+    #[error(
+        "the model reused tool call id `{id}` from an earlier turn; decisions are keyed by tool \
+         call id, so the run stops instead of applying an earlier decision to a new call"
+    )]
+    ReusedToolCallId {
+        /// The reused id.
+        id: String,
+    },
+    /// The state's history cannot be continued (e.g. a malformed assistant message).
+    #[error("invalid run state: {0}")]
+    InvalidState(String),
+    /// The [`RunHooks::before_tool_call`] hook failed; the tool was not called.
+    #[error("the before-tool-call hook failed for tool call `{tool_call_id}`: {source}")]
+    Hook {
+        /// The call that was about to be sent.
+        tool_call_id: String,
+        /// The hook's error.
+        #[source]
+        source: HookError,
+    },
+}
+
+/// How a run (or one step of it) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// The model gave a final answer: `state.final_output` is set.
+    Completed,
+    /// Some tool calls wait for a decision: `state.deferred_tool_requests.approvals` lists them.
+    AwaitingApproval,
+}
+
+/// The result of [`Runner::run`] or [`Runner::resume`]: how it ended, and the state to keep.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    /// Completed, or halted awaiting approval.
+    pub status: RunStatus,
+    /// The run's state; when halted, persist it (`to_json`) and resume it after the decisions.
+    pub state: RunState,
+}
+
+impl RunOutcome {
+    /// Whether the run halted for approval.
+    pub fn is_halted(&self) -> bool {
+        self.status == RunStatus::AwaitingApproval
+    }
+
+    /// The final answer, when completed.
+    pub fn final_output(&self) -> Option<&str> {
+        match self.status {
+            RunStatus::Completed => self.state.final_output.as_deref(),
+            RunStatus::AwaitingApproval => None,
+        }
+    }
+
+    /// The calls waiting for a decision (empty when completed).
+    pub fn pending_approvals(&self) -> Vec<&DeferredToolCall> {
+        self.state.pending_approvals()
+    }
+}
+
+/// A tool call about to be sent, as shown to [`RunHooks::before_tool_call`].
+#[derive(Clone, Copy, Debug)]
+pub struct ToolCallStart<'a> {
+    /// The call's id, also sent as the `Idempotency-Key`.
+    pub tool_call_id: &'a str,
+    /// The tool's name.
+    pub tool_name: &'a str,
+    /// The validated arguments.
+    pub arguments: &'a Value,
+    /// Whether the tool needs approval (and this call was approved).
+    pub requires_approval: bool,
+    /// Whether the tool declares repeated calls with the same key safe.
+    pub idempotent: bool,
+}
+
+/// What the hook decides about a call about to be sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolCallGate {
+    /// Send it.
+    Send,
+    /// Do not send it; the model gets `result` as the tool's result instead (e.g. when a
+    /// non-idempotent call may already have run before a crash).
+    Skip {
+        /// The tool result text given to the model.
+        result: String,
+    },
+}
+
+/// An error from a [`RunHooks`] implementation.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct HookError {
+    message: String,
+}
+
+impl HookError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> HookError {
+        HookError {
+            message: message.into(),
+        }
+    }
+}
+
+/// Callbacks around the runner's side effects, e.g. for the Kubernetes worker to record that a
+/// call started before it is sent (at-most-once execution).
+pub trait RunHooks: Send + Sync {
+    /// Called just before each tool call is sent (approved calls and calls of tools that need
+    /// no approval). An error stops the run with [`RunError::Hook`] and the tool is not called.
+    fn before_tool_call<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+    ) -> BoxFuture<'a, Result<ToolCallGate, HookError>>;
+}
+
+/// Settings of a [`Runner`].
+#[derive(Clone, Debug, Default)]
+pub struct RunnerConfig {
+    /// How failed model requests are retried.
+    pub retry: RetryPolicy,
+}
+
+/// Runs agents: calls the model and the tools, halts when a call needs approval.
+#[derive(Clone)]
+pub struct Runner {
+    client: reqwest::Client,
+    config: RunnerConfig,
+    hooks: Option<Arc<dyn RunHooks>>,
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("config", &self.config)
+            .field("hooks", &self.hooks.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+enum CallResult {
+    Answer(String),
+    Defer(DeferredToolCall),
+}
+
+/// A fresh run id: `run-` and 16 hex digits.
+pub fn new_run_id() -> String {
+    format!("run-{:016x}", rand::random::<u64>())
+}
+
+impl Runner {
+    /// A runner with default settings.
+    pub fn new() -> Result<Runner, RunError> {
+        Runner::with_config(RunnerConfig::default())
+    }
+
+    /// A runner with these settings.
+    pub fn with_config(config: RunnerConfig) -> Result<Runner, RunError> {
+        let client = build_client().map_err(|e| RunError::Client(error_chain(&e)))?;
+        Ok(Runner::with_client(client, config))
+    }
+
+    /// A runner that sends its requests through `client` (which should not follow redirects).
+    pub fn with_client(client: reqwest::Client, config: RunnerConfig) -> Runner {
+        Runner {
+            client,
+            config,
+            hooks: None,
+        }
+    }
+
+    /// Installs hooks called around side effects.
+    pub fn with_hooks(mut self, hooks: Arc<dyn RunHooks>) -> Runner {
+        self.hooks = Some(hooks);
+        self
+    }
+
+    /// Starts a new run of `agent` on `input`.
+    pub async fn run(&self, agent: &Agent, input: &str) -> Result<RunOutcome, RunError> {
+        let state = RunState::new(new_run_id(), agent.name().to_owned(), input.to_owned());
+        self.resume(agent, state).await
+    }
+
+    /// Continues a run from its state (after decisions were recorded with `approve`/`reject`).
+    /// On error the state is dropped; use [`Runner::step`] to keep partial progress.
+    pub async fn resume(&self, agent: &Agent, mut state: RunState) -> Result<RunOutcome, RunError> {
+        let status = self.step(agent, &mut state).await?;
+        Ok(RunOutcome { status, state })
+    }
+
+    /// Advances `state` in place until the run completes or halts for approval. On error,
+    /// `state` holds every message added before the failure (model answers, tool results), so
+    /// a caller may persist it and retry the step.
+    pub async fn step(&self, agent: &Agent, state: &mut RunState) -> Result<RunStatus, RunError> {
+        if state.agent_name != agent.name() {
+            return Err(RunError::AgentMismatch {
+                agent: agent.name().to_owned(),
+                state_agent: state.agent_name.clone(),
+            });
+        }
+        if state.final_output.is_some() {
+            state.deferred_tool_requests.approvals.clear();
+            return Ok(RunStatus::Completed);
+        }
+        if state.messages.is_empty() {
+            state.messages.push(Value::from(
+                serde_json::json!({"role": "user", "content": state.input}),
+            ));
+        }
+        loop {
+            if let Some(status) = self.answer_open_calls(agent, state).await? {
+                return Ok(status);
+            }
+            if state.current_turn >= u64::from(agent.max_turns()) {
+                return Err(RunError::MaxTurnsExceeded {
+                    max_turns: agent.max_turns(),
+                });
+            }
+            let request = ModelRequest {
+                instructions: agent.instructions(),
+                history: &state.messages,
+                tools: agent.tools(),
+            };
+            let response = agent
+                .model()
+                .complete(&self.client, &self.config.retry, request)
+                .await?;
+            check_new_call_ids(&state.messages, &response.message)?;
+            state.messages.push(response.message);
+            state.current_turn += 1;
+            state.usage.requests += 1;
+            state.usage.input_tokens += response.input_tokens;
+            state.usage.output_tokens += response.output_tokens;
+        }
+    }
+
+    /// Answers the unanswered tool calls of the last assistant message. `Some` ends the step
+    /// (completed, or halted with the undecided calls); `None` means: ask the model.
+    async fn answer_open_calls(
+        &self,
+        agent: &Agent,
+        state: &mut RunState,
+    ) -> Result<Option<RunStatus>, RunError> {
+        let Some(index) = state
+            .messages
+            .iter()
+            .rposition(|m| model::role(m) != Some("tool"))
+        else {
+            return Err(RunError::InvalidState(
+                "the history holds only tool results".to_owned(),
+            ));
+        };
+        if model::role(&state.messages[index]) != Some("assistant") {
+            state.deferred_tool_requests.approvals.clear();
+            return Ok(None);
+        }
+        let calls = model::tool_calls(&state.messages[index])
+            .map_err(|e| RunError::InvalidState(format!("messages[{index}]: {e}")))?;
+        if calls.is_empty() {
+            state.final_output = Some(model::content_text(&state.messages[index]));
+            state.deferred_tool_requests.approvals.clear();
+            return Ok(Some(RunStatus::Completed));
+        }
+        let answered: HashSet<String> = state.messages[index + 1..]
+            .iter()
+            .filter_map(tool_call_id_of)
+            .collect();
+        let mut deferred = Vec::new();
+        for call in calls.iter().filter(|c| !answered.contains(&c.id)) {
+            match self.answer_call(agent, state, call).await? {
+                CallResult::Answer(text) => state.messages.push(tool_message(&call.id, &text)),
+                CallResult::Defer(pending) => deferred.push(pending),
+            }
+        }
+        if deferred.is_empty() {
+            state.deferred_tool_requests.approvals.clear();
+            Ok(None)
+        } else {
+            state.deferred_tool_requests.approvals = deferred;
+            Ok(Some(RunStatus::AwaitingApproval))
+        }
+    }
+
+    async fn answer_call(
+        &self,
+        agent: &Agent,
+        state: &RunState,
+        call: &ToolCall,
+    ) -> Result<CallResult, RunError> {
+        let Some(tool) = agent.tool(&call.name) else {
+            let known: Vec<&str> = agent.tools().iter().map(|t| t.name()).collect();
+            return Ok(CallResult::Answer(format!(
+                "tool error: unknown tool `{}`; the available tools are: {}",
+                call.name,
+                if known.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        let (arguments, json) = match parse_arguments(&call.arguments) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                return Ok(CallResult::Answer(format!(
+                    "tool error: the arguments for `{}` are not valid JSON: {e}",
+                    call.name
+                )));
+            }
+        };
+        if let Err(problems) = tool.check_arguments(&json) {
+            return Ok(CallResult::Answer(format!(
+                "tool error: invalid arguments for `{}`: {problems}",
+                call.name
+            )));
+        }
+        if tool.requires_approval() {
+            if let Some(rejected) = state.rejection(&call.id) {
+                return Ok(CallResult::Answer(
+                    rejected
+                        .message
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_REJECTION_MESSAGE.to_owned()),
+                ));
+            }
+            if !state.is_approved(&call.id) {
+                return Ok(CallResult::Defer(DeferredToolCall {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    args: arguments,
+                }));
+            }
+        }
+        if let Some(hooks) = &self.hooks {
+            let start = ToolCallStart {
+                tool_call_id: &call.id,
+                tool_name: &call.name,
+                arguments: &arguments,
+                requires_approval: tool.requires_approval(),
+                idempotent: tool.idempotent(),
+            };
+            let gate = hooks
+                .before_tool_call(start)
+                .await
+                .map_err(|source| RunError::Hook {
+                    tool_call_id: call.id.clone(),
+                    source,
+                })?;
+            if let ToolCallGate::Skip { result } = gate {
+                return Ok(CallResult::Answer(result));
+            }
+        }
+        let body = pyjson::dumps(&arguments).unwrap_or_else(|_| json.to_string());
+        tracing::info!(tool = %call.name, tool_call_id = %call.id, "calling tool");
+        Ok(CallResult::Answer(
+            tool.call(&self.client, &call.id, body).await,
+        ))
+    }
+}
+
+/// Decodes tool call arguments: the value kept in the state, and its `serde_json` form for
+/// schema validation. Empty arguments mean `{}`.
+fn parse_arguments(raw: &ToolArguments) -> Result<(Value, serde_json::Value), String> {
+    match raw {
+        ToolArguments::Text(text) if text.trim().is_empty() => Ok((
+            Value::from(serde_json::json!({})),
+            serde_json::json!({}),
+        )),
+        ToolArguments::Text(text) => {
+            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            let value = pyjson::loads(text).map_err(|e| e.to_string())?;
+            Ok((value, json))
+        }
+        ToolArguments::Value(value) => {
+            let json = serde_json::Value::try_from(value).map_err(|e| e.to_string())?;
+            Ok((value.clone(), json))
+        }
+    }
+}
+
+/// Refuses a model answer whose tool call ids were used by an earlier assistant message.
+fn check_new_call_ids(history: &[Value], message: &Value) -> Result<(), RunError> {
+    let new_calls = model::tool_calls(message).map_err(|e| {
+        RunError::InvalidState(format!("the new assistant message: {e}"))
+    })?;
+    if new_calls.is_empty() {
+        return Ok(());
+    }
+    for earlier in history.iter().filter(|m| model::role(m) == Some("assistant")) {
+        let Ok(calls) = model::tool_calls(earlier) else {
+            continue;
+        };
+        if let Some(reused) = new_calls.iter().find(|n| calls.iter().any(|c| c.id == n.id)) {
+            return Err(RunError::ReusedToolCallId {
+                id: reused.id.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `tool_call_id` of a tool-result message.
+fn tool_call_id_of(message: &Value) -> Option<String> {
+    match message {
+        Value::Dict(d) => match d.get("tool_call_id") {
+            Some(Value::Str(id)) => Some(id.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A tool-result message in the OpenAI shape.
+fn tool_message(tool_call_id: &str, content: &str) -> Value {
+    Value::from(serde_json::json!({
+        "role": "tool",
+        "tool_call_id": tool_call_id,
+        "content": content,
+    }))
+}

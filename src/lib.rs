@@ -1,0 +1,8 @@
+//! agentrun: a Kubernetes operator for AI-agent runs that pause for human approval of risky tool
+//! calls and resume later, with an audit trail.
+
+pub mod agent;
+pub mod cli;
+pub mod crd;
+pub mod dev_kubelet;
+pub mod state;

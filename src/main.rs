@@ -1,0 +1,32 @@
+//! The `agentrun` command: local runs, RunState tools, and (in a cluster) the controller and worker.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agentrun", version, about = "AI-agent runs that pause for human approval")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read, decide and summarize a serialized RunState (stdin to stdout).
+    #[command(subcommand)]
+    State(agentrun::cli::state::StateCommand),
+    /// Run an agent locally: start from an input, or resume from a saved RunState.
+    Run(agentrun::cli::run::RunArgs),
+    /// Write the CustomResourceDefinitions generated from the Rust types (crds/*.yaml).
+    Crdgen(agentrun::cli::crdgen::CrdgenArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::State(cmd) => agentrun::cli::state::main(cmd),
+        Command::Run(args) => agentrun::cli::run::main(args),
+        Command::Crdgen(args) => agentrun::cli::crdgen::main(args),
+    }
+}

@@ -1,0 +1,409 @@
+//! A real control plane for integration tests: etcd, kube-apiserver and kube-controller-manager on
+//! loopback, started once per test binary by `scripts/local-cluster run --lifeline`.
+//!
+//! The cluster lives as long as the test binary: its supervisor reads our end of a pipe and tears
+//! everything down (processes and data) when the pipe closes, which the kernel does when this
+//! process exits for any reason, a panic or a kill included.
+//!
+//! Set `AGENTRUN_TEST_CLUSTER_DIR` to the folder of a cluster started with
+//! `scripts/local-cluster start` to reuse it instead (faster when iterating).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The identities of the local cluster's static token file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// `admin`, in `system:masters`.
+    Admin,
+    /// `alice@example.com`, in `agentrun:approvers`.
+    Alice,
+    /// `bob@example.com`, in `agentrun:approvers`.
+    Bob,
+    /// `carol@example.com`, in `agentrun:requesters` (no approval rights).
+    Carol,
+    /// `gitops`, in `agentrun:gitops`.
+    Gitops,
+}
+
+impl Identity {
+    /// Every identity.
+    pub const ALL: [Identity; 5] = [
+        Identity::Admin,
+        Identity::Alice,
+        Identity::Bob,
+        Identity::Carol,
+        Identity::Gitops,
+    ];
+
+    /// The kubeconfig file stem.
+    pub fn key(self) -> &'static str {
+        match self {
+            Identity::Admin => "admin",
+            Identity::Alice => "alice",
+            Identity::Bob => "bob",
+            Identity::Carol => "carol",
+            Identity::Gitops => "gitops",
+        }
+    }
+
+    /// The username the API server authenticates.
+    pub fn username(self) -> &'static str {
+        match self {
+            Identity::Admin => "admin",
+            Identity::Alice => "alice@example.com",
+            Identity::Bob => "bob@example.com",
+            Identity::Carol => "carol@example.com",
+            Identity::Gitops => "gitops",
+        }
+    }
+}
+
+/// A running control plane shared by all tests of one binary.
+pub struct ControlPlane {
+    dir: PathBuf,
+    env: BTreeMap<String, String>,
+    /// Kept open for the life of the process: closing it stops the cluster.
+    _lifeline: Option<Mutex<(Child, ChildStdin)>>,
+    crds: OnceLock<()>,
+}
+
+static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl ControlPlane {
+    /// The control plane of this test binary, started on first use (this blocks for the few seconds
+    /// the API server takes to become ready).
+    pub async fn shared() -> &'static ControlPlane {
+        Self::shared_blocking()
+    }
+
+    /// [`ControlPlane::shared`] for synchronous code.
+    pub fn shared_blocking() -> &'static ControlPlane {
+        SHARED.get_or_init(|| match std::env::var_os("AGENTRUN_TEST_CLUSTER_DIR") {
+            Some(dir) => Self::attach(PathBuf::from(dir)),
+            None => Self::start(),
+        })
+    }
+
+    fn start() -> ControlPlane {
+        let dir = std::env::temp_dir().join(format!(
+            "agentrun-cluster-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).expect("create the cluster folder");
+        let log_path = dir.with_extension("log");
+        let log = std::fs::File::create(&log_path).expect("create the cluster log");
+        let mut child = Command::new(repo_root().join("scripts/local-cluster"))
+            .arg("run")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--lifeline")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start scripts/local-cluster");
+        let stdin = child.stdin.take().expect("lifeline pipe");
+        let stdout = child.stdout.take().expect("ready pipe");
+        let mut line = String::new();
+        let mut reader = BufReader::new(stdout);
+        while line.is_empty() || !line.starts_with("ready ") {
+            line.clear();
+            let n = reader.read_line(&mut line).unwrap_or(0);
+            if n == 0 {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("the local control plane failed to start:\n{log}");
+            }
+        }
+        let _ = std::fs::remove_file(&log_path);
+        let env = read_env(&dir);
+        ControlPlane {
+            dir,
+            env,
+            _lifeline: Some(Mutex::new((child, stdin))),
+            crds: OnceLock::new(),
+        }
+    }
+
+    fn attach(dir: PathBuf) -> ControlPlane {
+        assert!(
+            dir.join("ready").exists(),
+            "AGENTRUN_TEST_CLUSTER_DIR={} is not a running cluster (scripts/local-cluster start)",
+            dir.display()
+        );
+        let env = read_env(&dir);
+        ControlPlane {
+            dir,
+            env,
+            _lifeline: None,
+            crds: OnceLock::new(),
+        }
+    }
+
+    /// The cluster's folder (pki, logs, kubeconfigs, audit log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The API server's URL.
+    pub fn url(&self) -> &str {
+        &self.env["KUBE_APISERVER_URL"]
+    }
+
+    /// The folder holding kube-apiserver, etcd, kube-controller-manager, kubectl and helm.
+    pub fn bin_dir(&self) -> PathBuf {
+        PathBuf::from(&self.env["BIN_DIR"])
+    }
+
+    /// The API server's audit log (JSON lines).
+    pub fn audit_log(&self) -> PathBuf {
+        PathBuf::from(&self.env["AUDIT_LOG"])
+    }
+
+    /// The kubeconfig file of an identity.
+    pub fn kubeconfig(&self, identity: Identity) -> PathBuf {
+        PathBuf::from(&self.env["KUBECONFIG_DIR"]).join(format!("{}.kubeconfig", identity.key()))
+    }
+
+    /// The bearer token of an identity.
+    pub fn token(&self, identity: Identity) -> String {
+        kubeconfig_yaml(&self.kubeconfig(identity))["users"][0]["user"]["token"]
+            .as_str()
+            .expect("token in kubeconfig")
+            .to_string()
+    }
+
+    /// The CA certificate (PEM) the API server's serving certificate chains to.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("pki/ca.crt")).expect("read CA")
+    }
+
+    /// A new client acting as `identity`. Clients are bound to the async runtime that made them,
+    /// so each test makes its own.
+    pub async fn client(&self, identity: Identity) -> Client {
+        let kc = Kubeconfig::read_from(self.kubeconfig(identity)).expect("read kubeconfig");
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        Client::try_from(config).expect("client")
+    }
+
+    /// A new client authenticating with a bearer token (e.g. one minted for a service account).
+    pub async fn client_with_token(&self, token: &str) -> Client {
+        let mut kc = Kubeconfig::read_from(self.kubeconfig(Identity::Admin)).expect("kubeconfig");
+        kc.auth_infos[0].auth_info = Some(AuthInfo {
+            token: Some(token.to_string().into()),
+            ..Default::default()
+        });
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        Client::try_from(config).expect("client")
+    }
+
+    /// A kubeconfig file (in the cluster folder) for a bearer token, e.g. for kubectl or a worker.
+    pub fn write_token_kubeconfig(&self, name: &str, token: &str) -> PathBuf {
+        let path = self.dir.join(format!("kubeconfig/{name}.kubeconfig"));
+        let admin = kubeconfig_yaml(&self.kubeconfig(Identity::Admin));
+        let ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
+            .as_str()
+            .expect("CA in kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: local\n    user: {name}\ncurrent-context: {name}\n",
+            self.url()
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    /// A fresh namespace for one test, named `<prefix>-<random>`, with its `default` service
+    /// account in place. It is deleted (without waiting) when the returned guard drops.
+    pub async fn namespace(&self, prefix: &str) -> TestNamespace {
+        let name = format!("{}-{:08x}", prefix, rand::random::<u32>());
+        let client = self.client(Identity::Admin).await;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("agentrun.dev/test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while accounts.get_opt("default").await.expect("get sa").is_none() {
+            assert!(Instant::now() < deadline, "no default service account in {name}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        TestNamespace {
+            name,
+            kubeconfig: self.kubeconfig(Identity::Admin),
+            kubectl: self.bin_dir().join("kubectl"),
+        }
+    }
+
+    /// Runs kubectl as `identity`.
+    pub fn kubectl(&self, identity: Identity, args: &[&str]) -> Output {
+        self.kubectl_with_stdin(identity, args, None)
+    }
+
+    /// Runs kubectl as `identity`, feeding `stdin` to it.
+    pub fn kubectl_with_stdin(&self, identity: Identity, args: &[&str], stdin: Option<&str>) -> Output {
+        run_tool(
+            &self.bin_dir().join("kubectl"),
+            &self.kubeconfig(identity),
+            args,
+            stdin,
+        )
+    }
+
+    /// Runs helm as admin.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        run_tool(
+            &self.bin_dir().join("helm"),
+            &self.kubeconfig(Identity::Admin),
+            args,
+            None,
+        )
+    }
+
+    /// Installs the CRDs (and admission policies) from `crds/` once per test binary and waits until
+    /// the API server serves them.
+    pub async fn install_crds(&self) {
+        self.crds.get_or_init(|| {
+            let crds = repo_root().join("crds");
+            let out = self.kubectl(
+                Identity::Admin,
+                &["apply", "--server-side", "--force-conflicts", "-f", crds.to_str().unwrap()],
+            );
+            assert_success(&out, "kubectl apply -f crds/");
+            let out = self.kubectl(
+                Identity::Admin,
+                &["wait", "--for=condition=Established", "--timeout=60s", "crd", "-l", "app.kubernetes.io/part-of=agentrun"],
+            );
+            assert_success(&out, "kubectl wait for CRDs");
+        });
+    }
+
+    /// Mints a token for a service account with the TokenRequest API.
+    pub async fn service_account_token(&self, namespace: &str, account: &str) -> String {
+        let client = self.client(Identity::Admin).await;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec![]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let response = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .expect("token request");
+        response.status.and_then(|s| s.token).expect("token status")
+    }
+
+    /// Reads the API server's audit log as JSON events.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.audit_log())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// A namespace owned by one test.
+pub struct TestNamespace {
+    /// The namespace's name.
+    pub name: String,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var_os("AGENTRUN_KEEP_NAMESPACES").is_some() || std::thread::panicking() {
+            return;
+        }
+        let _ = Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Panics with the tool's output when it failed.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn run_tool(exe: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new(exe);
+    cmd.env("KUBECONFIG", kubeconfig)
+        .env("HOME", std::env::temp_dir())
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("agentrun-helm/cache"))
+        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("agentrun-helm/config"))
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("agentrun-helm/data"))
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {}: {e}", exe.display()));
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+    }
+    child.wait_with_output().expect("wait for tool")
+}
+
+fn read_env(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("cluster.env"))
+        .expect("cluster.env")
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn kubeconfig_yaml(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("read kubeconfig");
+    serde_yaml_ng::from_str(&text).expect("parse kubeconfig")
+}

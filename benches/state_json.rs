@@ -1,2 +1,265 @@
-//! RunState JSON benchmark (being written).
-fn main() {}
+//! RunState JSON speed, side by side with CPython's `json` module.
+//!
+//! `cargo bench --bench state_json` builds realistic RunStates of about 1 KiB, 100 KiB and 4 MiB
+//! (conversations with text, some of it non-ASCII, assistant tool calls, tool results, deferred
+//! calls with nested arguments), writes each payload to a temporary file, and times
+//!
+//! * ours: `RunState::to_json` and `RunState::from_json`;
+//! * CPython: `json.dumps(d)` and `json.loads(text)` of the same dict / text, via `python3 -c`
+//!   with `timeit`.
+//!
+//! Both sides use the same policy: one operation per sample, the same number of samples, and the
+//! median is reported. The ratio is CPython's time divided by ours (higher is better for us).
+
+use std::hint::black_box;
+use std::io::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentrun::state::pyjson::{self, Value};
+use agentrun::state::{Approval, DeferredToolCall, Rejection, RunState, Usage};
+
+/// Deterministic pseudo-random numbers (so every run benchmarks the same payloads).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the", "user", "account", "delete", "request", "policy", "approved", "cluster", "namespace",
+    "deployment", "rollback", "incident", "ticket", "customer", "invoice", "refund", "please",
+    "confirm", "résumé", "café", "naïve", "Zürich", "日本語", "中文", "données", "🙂", "🚀", "—",
+    "“quoted”", "tab\there", "line\nbreak", "C:\\path", "\"json\"", "100%", "$42.50", "e-mail",
+];
+
+fn sentence(rng: &mut Lcg, words: usize) -> String {
+    let mut s = String::new();
+    for i in 0..words {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
+    }
+    s
+}
+
+fn args(rng: &mut Lcg, depth: u32) -> Value {
+    let mut d = pyjson::Dict::new();
+    d.insert("user_id".into(), Value::from(format!("u-{}", rng.below(100_000))));
+    d.insert("reason".into(), Value::from(sentence(rng, 6)));
+    d.insert("dry_run".into(), Value::Bool(rng.below(2) == 0));
+    d.insert("limit".into(), Value::from(rng.below(1000) as i64));
+    d.insert("threshold".into(), Value::Float(rng.below(10_000) as f64 / 7.0));
+    if depth < 2 {
+        d.insert("filters".into(), Value::List(vec![args(rng, depth + 1), Value::Null]));
+    }
+    Value::Dict(d)
+}
+
+/// A RunState whose JSON is at least `target` bytes.
+fn build_state(target: usize) -> RunState {
+    let mut rng = Lcg(target as u64);
+    let mut state = RunState::new("run-bench-0001", "ops-agent", sentence(&mut rng, 12));
+    state.messages.push(Value::from_iter([
+        ("role", Value::from("system")),
+        ("content", Value::from("You are a careful operations agent.")),
+    ]));
+    let mut size = 0;
+    let mut n = 0u64;
+    while size < target {
+        n += 1;
+        let id = format!("call_{n:06}");
+        let user_words = 5 + rng.below(60) as usize;
+        state.messages.push(Value::from_iter([
+            ("role", Value::from("user")),
+            ("content", Value::from(sentence(&mut rng, user_words))),
+        ]));
+        let call_args = args(&mut rng, 0);
+        let arguments = pyjson::dumps(&call_args).expect("finite args");
+        state.messages.push(Value::from_iter([
+            ("role", Value::from("assistant")),
+            ("content", Value::Null),
+            (
+                "tool_calls",
+                Value::List(vec![Value::from_iter([
+                    ("id", Value::from(id.as_str())),
+                    ("type", Value::from("function")),
+                    (
+                        "function",
+                        Value::from_iter([
+                            ("name", Value::from("delete_user")),
+                            ("arguments", Value::from(arguments)),
+                        ]),
+                    ),
+                ])]),
+            ),
+        ]));
+        let tool_words = 20 + rng.below(150) as usize;
+        state.messages.push(Value::from_iter([
+            ("role", Value::from("tool")),
+            ("tool_call_id", Value::from(id.as_str())),
+            ("content", Value::from(sentence(&mut rng, tool_words))),
+        ]));
+        if n % 10 == 1 {
+            state.deferred_tool_requests.approvals.push(DeferredToolCall {
+                tool_call_id: id.clone(),
+                tool_name: "delete_user".into(),
+                args: call_args,
+            });
+            let result = match n % 30 {
+                1 => state.approve(&id, Approval::new().approver_id("alice@example.com")),
+                11 => state.reject(&id, Rejection::new().message("no").reason("policy")),
+                _ => Ok(()),
+            };
+            result.expect("fresh call is pending");
+        }
+        // Measuring the size is the expensive part; do it every few rounds once large.
+        if n < 64 || n % 64 == 0 {
+            size = state.to_json().len();
+        }
+    }
+    state.current_turn = n;
+    state.usage = Usage {
+        requests: n,
+        input_tokens: n * 900,
+        output_tokens: n * 120,
+    };
+    state
+}
+
+/// Samples per size: enough for about 1.5 s of our slower operation, between 5 and 2000.
+fn samples_for(one: Duration) -> usize {
+    let per = one.as_secs_f64().max(1e-7);
+    ((1.5 / per) as usize).clamp(5, 2000)
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn time<T>(samples: usize, mut op: impl FnMut() -> T) -> Duration {
+    let times = (0..samples)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(op());
+            start.elapsed()
+        })
+        .collect();
+    median(times)
+}
+
+const PY_TIMER: &str = r#"
+import json, sys, timeit, statistics
+path, samples = sys.argv[1], int(sys.argv[2])
+with open(path, encoding='utf-8') as f:
+    text = f.read()
+d = json.loads(text)
+assert json.dumps(d) == text, 'payload is not canonical json.dumps output'
+dumps = statistics.median(timeit.repeat(lambda: json.dumps(d), number=1, repeat=samples))
+loads = statistics.median(timeit.repeat(lambda: json.loads(text), number=1, repeat=samples))
+print(int(dumps * 1e9), int(loads * 1e9))
+"#;
+
+fn python_times(path: &std::path::Path, samples: usize) -> Option<(Duration, Duration)> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(PY_TIMER)
+        .arg(path)
+        .arg(samples.to_string())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).ok()?;
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().ok());
+    let dumps = Duration::from_nanos(parts.next()??);
+    let loads = Duration::from_nanos(parts.next()??);
+    Some((dumps, loads))
+}
+
+fn human_size(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.2} MiB", bytes as f64 / f64::from(1 << 20))
+    } else if bytes >= 1 << 10 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn human_time(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is ignored.
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!(
+        "{:<22} {:<22} {:>7} {:>12} {:>12} {:>8}",
+        "size", "operation", "samples", "ours", "CPython", "ratio"
+    );
+    for (label, target) in [("~1 KiB", 1 << 10), ("~100 KiB", 100 << 10), ("~4 MiB", 4 << 20)] {
+        let state = build_state(target);
+        let text = state.to_json();
+        assert_eq!(
+            RunState::from_json(&text).as_ref(),
+            Ok(&state),
+            "benchmark payload must round-trip"
+        );
+        let path = dir.path().join(format!("state-{target}.json"));
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .expect("write payload");
+
+        let warm = Instant::now();
+        black_box(RunState::from_json(&text).expect("payload"));
+        let samples = samples_for(warm.elapsed());
+
+        let ours_dumps = time(samples, || state.to_json());
+        let ours_loads = time(samples, || RunState::from_json(&text).expect("payload"));
+        let python = python_times(&path, samples);
+        let size = format!("{label} ({})", human_size(text.len()));
+        for (op, ours, py) in [
+            ("to_json / json.dumps", ours_dumps, python.map(|p| p.0)),
+            ("from_json / json.loads", ours_loads, python.map(|p| p.1)),
+        ] {
+            let (py_text, ratio) = match py {
+                Some(py) => (
+                    human_time(py),
+                    format!("{:.1}x", py.as_secs_f64() / ours.as_secs_f64().max(1e-12)),
+                ),
+                None => ("n/a".to_owned(), "n/a".to_owned()),
+            };
+            println!(
+                "{:<22} {:<22} {:>7} {:>12} {:>12} {:>8}",
+                size,
+                op,
+                samples,
+                human_time(ours),
+                py_text,
+                ratio
+            );
+        }
+    }
+}

@@ -3,6 +3,9 @@
 
 pub mod agent;
 pub mod cli;
+pub mod controller;
 pub mod crd;
 pub mod dev_kubelet;
+pub mod run_status;
 pub mod state;
+pub mod worker;

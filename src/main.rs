@@ -20,6 +20,12 @@ enum Command {
     Run(agentrun::cli::run::RunArgs),
     /// Write the CustomResourceDefinitions generated from the Rust types (crds/*.yaml).
     Crdgen(agentrun::cli::crdgen::CrdgenArgs),
+    /// Run the controller (in a cluster, or against KUBECONFIG).
+    Controller(agentrun::cli::operator::ControllerArgs),
+    /// Run one step of an AgentRun (the command of worker Pods).
+    Worker(agentrun::cli::operator::WorkerArgs),
+    /// Dev only: play the kubelet's part for worker Pods on a cluster without nodes.
+    DevKubelet(agentrun::cli::operator::DevKubeletArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,5 +34,8 @@ fn main() -> ExitCode {
         Command::State(cmd) => agentrun::cli::state::main(cmd),
         Command::Run(args) => agentrun::cli::run::main(args),
         Command::Crdgen(args) => agentrun::cli::crdgen::main(args),
+        Command::Controller(args) => agentrun::cli::operator::controller(args),
+        Command::Worker(args) => agentrun::cli::operator::worker(args),
+        Command::DevKubelet(args) => agentrun::cli::operator::dev_kubelet(args),
     }
 }

@@ -16,9 +16,7 @@ pub mod tool;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-pub use model::{
-    ApiKey, ModelError, ModelProvider, OpenAiProvider, RetryPolicy, ScriptedProvider,
-};
+pub use model::{ApiKey, ModelError, ModelProvider, OpenAiProvider, RetryPolicy, ScriptedProvider};
 pub use runner::{
     HookError, RunError, RunHooks, RunOutcome, RunStatus, Runner, RunnerConfig, ToolCallGate,
     ToolCallStart,

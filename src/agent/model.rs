@@ -84,7 +84,9 @@ impl RetryPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The API answered with an error status (after retries, for 429 and 5xx).
-    #[error("model request to {endpoint} failed with HTTP {status} after {attempts} attempt(s): {body}")]
+    #[error(
+        "model request to {endpoint} failed with HTTP {status} after {attempts} attempt(s): {body}"
+    )]
     Status {
         /// The endpoint (without credentials or query).
         endpoint: String,
@@ -154,7 +156,7 @@ pub struct ModelResponse {
 #[derive(Clone, Debug)]
 pub enum ModelProvider {
     /// An OpenAI-compatible chat-completions API.
-    OpenAi(OpenAiProvider),
+    OpenAi(Box<OpenAiProvider>),
     /// Fixed assistant turns, for demos and tests.
     Scripted(ScriptedProvider),
 }
@@ -181,16 +183,16 @@ impl ModelProvider {
     /// Validates `model` of an agent spec.
     pub fn from_spec(spec: &ModelSpec) -> Result<ModelProvider, AgentError> {
         match (&spec.scripted, &spec.base_url, &spec.name) {
-            (Some(scripted), None, None) => {
-                Ok(ModelProvider::Scripted(ScriptedProvider::from_spec(scripted)?))
-            }
+            (Some(scripted), None, None) => Ok(ModelProvider::Scripted(
+                ScriptedProvider::from_spec(scripted)?,
+            )),
             (Some(_), _, _) => Err(AgentError::invalid(
                 "model",
                 "set either baseUrl and name (an API) or scripted, not both",
             )),
-            (None, Some(base_url), Some(name)) => {
-                Ok(ModelProvider::OpenAi(OpenAiProvider::from_spec(spec, base_url, name)?))
-            }
+            (None, Some(base_url), Some(name)) => Ok(ModelProvider::OpenAi(Box::new(
+                OpenAiProvider::from_spec(spec, base_url, name)?,
+            ))),
             (None, None, None) => Err(AgentError::invalid(
                 "model",
                 "set baseUrl and name (an OpenAI-compatible API) or scripted",
@@ -261,7 +263,11 @@ enum Attempt {
 }
 
 impl OpenAiProvider {
-    fn from_spec(spec: &ModelSpec, base_url: &str, name: &str) -> Result<OpenAiProvider, AgentError> {
+    fn from_spec(
+        spec: &ModelSpec,
+        base_url: &str,
+        name: &str,
+    ) -> Result<OpenAiProvider, AgentError> {
         let base = reqwest::Url::parse(base_url)
             .map_err(|e| AgentError::invalid("model.baseUrl", format!("`{base_url}`: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
@@ -276,13 +282,21 @@ impl OpenAiProvider {
         if name.trim().is_empty() {
             return Err(AgentError::invalid("model.name", "must not be empty"));
         }
-        let timeout_seconds = spec.timeout_seconds.unwrap_or(DEFAULT_MODEL_TIMEOUT_SECONDS);
+        let timeout_seconds = spec
+            .timeout_seconds
+            .unwrap_or(DEFAULT_MODEL_TIMEOUT_SECONDS);
         if timeout_seconds == 0 {
-            return Err(AgentError::invalid("model.timeoutSeconds", "must be at least 1"));
+            return Err(AgentError::invalid(
+                "model.timeoutSeconds",
+                "must be at least 1",
+            ));
         }
         let max_retries = spec.max_retries.unwrap_or(DEFAULT_MODEL_MAX_RETRIES);
         if max_retries > 10 {
-            return Err(AgentError::invalid("model.maxRetries", "must be at most 10"));
+            return Err(AgentError::invalid(
+                "model.maxRetries",
+                "must be at most 10",
+            ));
         }
         if let Some(var) = &spec.api_key_env
             && var.is_empty()
@@ -403,12 +417,14 @@ impl OpenAiProvider {
                     endpoint: endpoint.to_owned(),
                     reason: format!("the body is larger than {MAX_MODEL_RESPONSE_BYTES} bytes"),
                 })),
-                Ok((bytes, false)) => Attempt::Done(parse_chat_completion(&bytes).map_err(
-                    |reason| ModelError::InvalidResponse {
-                        endpoint: endpoint.to_owned(),
-                        reason,
-                    },
-                )),
+                Ok((bytes, false)) => {
+                    Attempt::Done(parse_chat_completion(&bytes).map_err(|reason| {
+                        ModelError::InvalidResponse {
+                            endpoint: endpoint.to_owned(),
+                            reason,
+                        }
+                    }))
+                }
                 Err(e) => {
                     let last_error = transport(e);
                     Attempt::Retry {
@@ -443,7 +459,12 @@ impl OpenAiProvider {
 
 /// The wait a server asked for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
         && ms.is_finite()
         && ms >= 0.0
@@ -476,7 +497,10 @@ fn parse_chat_completion(bytes: &[u8]) -> Result<ModelResponse, String> {
         _ => None,
     };
     let Some(Value::Dict(message)) = message else {
-        return Err(format!("no choices[0].message object in {}", excerpt(bytes)));
+        return Err(format!(
+            "no choices[0].message object in {}",
+            excerpt(bytes)
+        ));
     };
     let mut message = message.clone();
     if !message.contains_key("role") {
@@ -542,7 +566,9 @@ impl ScriptedProvider {
             message.insert("role".to_owned(), "assistant".into());
             message.insert(
                 "content".to_owned(),
-                turn.content.clone().map_or(serde_json::Value::Null, Into::into),
+                turn.content
+                    .clone()
+                    .map_or(serde_json::Value::Null, Into::into),
             );
             if !calls.is_empty() {
                 message.insert("tool_calls".to_owned(), serde_json::Value::Array(calls));
@@ -568,13 +594,10 @@ impl ScriptedProvider {
             .iter()
             .filter(|m| role(m) == Some("assistant"))
             .count();
-        let turn = self
-            .turns
-            .get(played)
-            .ok_or(ModelError::ScriptExhausted {
-                turn: played + 1,
-                available: self.turns.len(),
-            })?;
+        let turn = self.turns.get(played).ok_or(ModelError::ScriptExhausted {
+            turn: played + 1,
+            available: self.turns.len(),
+        })?;
         Ok(ModelResponse {
             message: Value::from(turn.clone()),
             input_tokens: 0,
@@ -660,11 +683,17 @@ pub fn tool_calls(message: &Value) -> Result<Vec<ToolCall>, String> {
             return Err(format!("tool call id `{id}` appears twice"));
         }
         let Some(Value::Dict(function)) = call.get("function") else {
-            return Err(format!("tool_calls[{i}].function is missing or not an object"));
+            return Err(format!(
+                "tool_calls[{i}].function is missing or not an object"
+            ));
         };
         let name = match function.get("name") {
             Some(Value::Str(name)) => name.clone(),
-            _ => return Err(format!("tool_calls[{i}].function.name is missing or not a string")),
+            _ => {
+                return Err(format!(
+                    "tool_calls[{i}].function.name is missing or not a string"
+                ));
+            }
         };
         let arguments = match function.get("arguments") {
             None | Some(Value::Null) => ToolArguments::Text(String::new()),
@@ -676,7 +705,11 @@ pub fn tool_calls(message: &Value) -> Result<Vec<ToolCall>, String> {
                 ));
             }
         };
-        calls.push(ToolCall { id, name, arguments });
+        calls.push(ToolCall {
+            id,
+            name,
+            arguments,
+        });
     }
     Ok(calls)
 }

@@ -33,7 +33,9 @@ pub enum RunError {
         state_agent: String,
     },
     /// The run used all its model turns without a final answer.
-    #[error("the run reached its limit of {max_turns} model turns (maxTurns) without a final answer")]
+    #[error(
+        "the run reached its limit of {max_turns} model turns (maxTurns) without a final answer"
+    )]
     MaxTurnsExceeded {
         /// The agent's limit.
         max_turns: u32,
@@ -406,10 +408,9 @@ impl Runner {
 /// schema validation. Empty arguments mean `{}`.
 fn parse_arguments(raw: &ToolArguments) -> Result<(Value, serde_json::Value), String> {
     match raw {
-        ToolArguments::Text(text) if text.trim().is_empty() => Ok((
-            Value::from(serde_json::json!({})),
-            serde_json::json!({}),
-        )),
+        ToolArguments::Text(text) if text.trim().is_empty() => {
+            Ok((Value::from(serde_json::json!({})), serde_json::json!({})))
+        }
         ToolArguments::Text(text) => {
             let json: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
             let value = pyjson::loads(text).map_err(|e| e.to_string())?;
@@ -424,17 +425,22 @@ fn parse_arguments(raw: &ToolArguments) -> Result<(Value, serde_json::Value), St
 
 /// Refuses a model answer whose tool call ids were used by an earlier assistant message.
 fn check_new_call_ids(history: &[Value], message: &Value) -> Result<(), RunError> {
-    let new_calls = model::tool_calls(message).map_err(|e| {
-        RunError::InvalidState(format!("the new assistant message: {e}"))
-    })?;
+    let new_calls = model::tool_calls(message)
+        .map_err(|e| RunError::InvalidState(format!("the new assistant message: {e}")))?;
     if new_calls.is_empty() {
         return Ok(());
     }
-    for earlier in history.iter().filter(|m| model::role(m) == Some("assistant")) {
+    for earlier in history
+        .iter()
+        .filter(|m| model::role(m) == Some("assistant"))
+    {
         let Ok(calls) = model::tool_calls(earlier) else {
             continue;
         };
-        if let Some(reused) = new_calls.iter().find(|n| calls.iter().any(|c| c.id == n.id)) {
+        if let Some(reused) = new_calls
+            .iter()
+            .find(|n| calls.iter().any(|c| c.id == n.id))
+        {
             return Err(RunError::ReusedToolCallId {
                 id: reused.id.clone(),
             });

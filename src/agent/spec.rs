@@ -19,7 +19,7 @@ pub const DEFAULT_MAX_TURNS: u32 = 20;
     kind = "Agent",
     namespaced,
     shortname = "agt",
-    category = "agentrun",
+    category = "agentrun-all",
     status = "crate::crd::AgentStatus",
     derive = "PartialEq",
     derive = "Default",
@@ -34,10 +34,14 @@ pub const DEFAULT_MAX_TURNS: u32 = 20;
     printcolumn(
         name = "Tools",
         type_ = "string",
-        json_path = ".spec.tools[*].name",
+        json_path = ".status.toolNames",
         description = "The tools the model may call"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentSpec {

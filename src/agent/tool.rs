@@ -75,8 +75,9 @@ impl Tool {
                 format!("is not a valid JSON Schema: {e}"),
             )
         })?;
-        let url = reqwest::Url::parse(&spec.http.url)
-            .map_err(|e| AgentError::invalid(field("http.url"), format!("`{}`: {e}", spec.http.url)))?;
+        let url = reqwest::Url::parse(&spec.http.url).map_err(|e| {
+            AgentError::invalid(field("http.url"), format!("`{}`: {e}", spec.http.url))
+        })?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(AgentError::invalid(
                 field("http.url"),
@@ -259,7 +260,12 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     let mut number: Option<u64> = None;
     for c in text.chars() {
         if let Some(digit) = c.to_digit(10) {
-            number = Some(number.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(digit))?);
+            number = Some(
+                number
+                    .unwrap_or(0)
+                    .checked_mul(10)?
+                    .checked_add(u64::from(digit))?,
+            );
             continue;
         }
         let unit = match c {

@@ -99,13 +99,24 @@ pub fn execute(args: &RunArgs, report: &mut String) -> Result<(), RunCliError> {
     let result = runtime.block_on(runner.step(&agent, &mut state));
 
     let _ = writeln!(report, "run {} (agent {})", state.run_id, agent.name());
-    describe_messages(report, &state.messages[first_new.min(state.messages.len())..]);
+    describe_messages(
+        report,
+        &state.messages[first_new.min(state.messages.len())..],
+    );
     let status = result.map_err(|e| RunCliError::Failed(e.to_string()))?;
     let state_out = args.state_out.clone();
     match status {
         RunStatus::Completed => {
-            let _ = writeln!(report, "\ncompleted after {} model turn(s)", state.current_turn);
-            let _ = writeln!(report, "final output:\n{}", state.final_output.as_deref().unwrap_or(""));
+            let _ = writeln!(
+                report,
+                "\ncompleted after {} model turn(s)",
+                state.current_turn
+            );
+            let _ = writeln!(
+                report,
+                "final output:\n{}",
+                state.final_output.as_deref().unwrap_or("")
+            );
             if let Some(path) = state_out {
                 write_state(&path, &state)?;
                 let _ = writeln!(report, "\nstate written to {}", path.display());
@@ -131,7 +142,10 @@ fn load_state(path: &Path) -> Result<RunState, RunCliError> {
 
 fn write_state(path: &Path, state: &RunState) -> Result<(), RunCliError> {
     std::fs::write(path, state.to_json()).map_err(|e| {
-        RunCliError::Failed(format!("cannot write the run state to {}: {e}", path.display()))
+        RunCliError::Failed(format!(
+            "cannot write the run state to {}: {e}",
+            path.display()
+        ))
     })
 }
 
@@ -185,7 +199,13 @@ fn describe_pending(report: &mut String, state: &RunState, state_path: &Path, ag
     for call in &pending {
         let args = call.args.to_json().unwrap_or_default();
         let id = shell_quote(&call.tool_call_id);
-        let _ = writeln!(report, "\n  {} {} {}", call.tool_call_id, call.tool_name, one_line(&args, 500));
+        let _ = writeln!(
+            report,
+            "\n  {} {} {}",
+            call.tool_call_id,
+            call.tool_name,
+            one_line(&args, 500)
+        );
         let _ = writeln!(
             report,
             "    approve: agentrun state approve --tool-call-id {id} --approver-id YOU \
@@ -199,7 +219,7 @@ fn describe_pending(report: &mut String, state: &RunState, state_path: &Path, ag
     }
     let _ = writeln!(
         report,
-        "\nthen resume: agentrun run --agent {} --resume approved.json",
+        "\nthen resume from the decided state: agentrun run --agent {} --resume approved.json",
         shell_quote(&agent_path.display().to_string())
     );
     if pending.len() > 1 {

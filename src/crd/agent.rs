@@ -20,10 +20,39 @@ pub struct AgentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
+    /// The names of the agent's tools, comma-separated, as the controller last saw them (shown by
+    /// `kubectl get agents`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_TOOL_NAMES_LENGTH))]
+    pub tool_names: Option<String>,
 }
+
+impl AgentStatus {
+    /// The `toolNames` value for a spec: its tool names joined with `,`, cut to the schema bound.
+    pub fn tool_names_of(spec: &crate::agent::spec::AgentSpec) -> String {
+        let mut names = spec
+            .tools
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        if names.len() > MAX_TOOL_NAMES_LENGTH {
+            let mut end = MAX_TOOL_NAMES_LENGTH;
+            while !names.is_char_boundary(end) {
+                end -= 1;
+            }
+            names.truncate(end);
+        }
+        names
+    }
+}
+
+/// The longest `status.toolNames` the API server accepts.
+pub const MAX_TOOL_NAMES_LENGTH: usize = 8192;
 
 #[cfg(test)]
 mod tests {
+    use super::AgentStatus;
     use crate::agent::spec::{AgentSpec, ApprovalSettings};
     use crate::crd::Agent;
 
@@ -35,6 +64,28 @@ mod tests {
         .unwrap();
         assert!(agent.spec.approvals.allow_self_approval);
         assert_eq!(agent.spec.model.name.as_deref(), Some("m"));
+    }
+
+    #[test]
+    fn tool_names_are_joined_and_bounded() {
+        use crate::agent::spec::ToolSpec;
+        let tool = |name: &str| ToolSpec {
+            name: name.into(),
+            ..Default::default()
+        };
+        let mut spec = AgentSpec {
+            tools: vec![tool("restart"), tool("read")],
+            ..Default::default()
+        };
+        assert_eq!(AgentStatus::tool_names_of(&spec), "restart,read");
+        spec.tools = (0..200)
+            .map(|i| tool(&format!("{i}{}", "x".repeat(60))))
+            .collect();
+        assert_eq!(
+            AgentStatus::tool_names_of(&spec).len(),
+            super::MAX_TOOL_NAMES_LENGTH
+        );
+        assert_eq!(AgentStatus::tool_names_of(&AgentSpec::default()), "");
     }
 
     #[test]

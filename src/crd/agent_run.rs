@@ -28,7 +28,7 @@ pub const MAX_FINAL_OUTPUT_LENGTH: usize = 262_144;
     kind = "AgentRun",
     namespaced,
     shortname = "ar",
-    category = "agentrun",
+    category = "agentrun-all",
     status = "AgentRunStatus",
     derive = "PartialEq",
     derive = "Default",
@@ -166,9 +166,7 @@ pub struct AgentRunStatus {
 }
 
 /// Where a run is in its lifecycle.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[schemars(transform = super::field_docs_only)]
 pub enum AgentRunPhase {
     /// Accepted; no worker Pod has started yet.
@@ -240,9 +238,7 @@ impl FromStr for AgentRunPhase {
 }
 
 /// How `status.runState` is encoded.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[schemars(transform = super::field_docs_only)]
 pub enum RunStateEncoding {
     /// The RunState's JSON text as is.
@@ -294,11 +290,17 @@ mod tests {
     fn phases_round_trip_through_display_serde_and_from_str() {
         for phase in AgentRunPhase::ALL {
             let text = phase.to_string();
-            assert_eq!(serde_json::to_value(phase).unwrap(), serde_json::json!(text));
+            assert_eq!(
+                serde_json::to_value(phase).unwrap(),
+                serde_json::json!(text)
+            );
             assert_eq!(text.parse::<AgentRunPhase>().unwrap(), phase);
         }
         let err = "Done".parse::<AgentRunPhase>().unwrap_err().to_string();
-        assert!(err.contains("status.phase") && err.contains("Done"), "{err}");
+        assert!(
+            err.contains("status.phase") && err.contains("Done"),
+            "{err}"
+        );
         assert!(AgentRunPhase::Failed.is_terminal());
         assert!(!AgentRunPhase::AwaitingApproval.is_terminal());
     }
@@ -316,7 +318,10 @@ mod tests {
     #[test]
     fn empty_status_serializes_to_an_empty_object() {
         let status = AgentRunStatus::default();
-        assert_eq!(serde_json::to_value(&status).unwrap(), serde_json::json!({}));
+        assert_eq!(
+            serde_json::to_value(&status).unwrap(),
+            serde_json::json!({})
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approve
     kind = "ApprovalRequest",
     namespaced,
     shortname = "apr",
-    category = "agentrun",
+    category = "agentrun-all",
     status = "ApprovalRequestStatus",
     derive = "PartialEq",
     derive = "Default",
@@ -263,9 +263,7 @@ pub struct VerifiedIdentity {
 }
 
 /// Where a request is in its lifecycle.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[schemars(transform = super::field_docs_only)]
 pub enum ApprovalPhase {
     /// Waiting for a decision.
@@ -337,14 +335,23 @@ mod tests {
     fn decisions_and_phases_round_trip() {
         for d in [Decision::Approved, Decision::Rejected] {
             assert_eq!(d.to_string().parse::<Decision>().unwrap(), d);
-            assert_eq!(serde_json::to_value(d).unwrap(), serde_json::json!(d.as_str()));
+            assert_eq!(
+                serde_json::to_value(d).unwrap(),
+                serde_json::json!(d.as_str())
+            );
         }
         for p in ApprovalPhase::ALL {
             assert_eq!(p.to_string().parse::<ApprovalPhase>().unwrap(), p);
-            assert_eq!(serde_json::to_value(p).unwrap(), serde_json::json!(p.as_str()));
+            assert_eq!(
+                serde_json::to_value(p).unwrap(),
+                serde_json::json!(p.as_str())
+            );
         }
         let err = "approved".parse::<Decision>().unwrap_err().to_string();
-        assert!(err.contains("spec.decision") && err.contains("approved"), "{err}");
+        assert!(
+            err.contains("spec.decision") && err.contains("approved"),
+            "{err}"
+        );
         assert!(!ApprovalPhase::Pending.is_final());
         assert!(ApprovalPhase::Superseded.is_final());
     }
@@ -389,7 +396,10 @@ mod tests {
         let spec: ApprovalRequestSpec = serde_json::from_value(base).unwrap();
         assert_eq!(spec.decision, Some(Decision::Approved));
         assert_eq!(spec.approver_id.as_deref(), Some("alice@example.com"));
-        assert_eq!(spec.reason.as_deref(), Some("authorized per change CR-1234"));
+        assert_eq!(
+            spec.reason.as_deref(),
+            Some("authorized per change CR-1234")
+        );
         assert_eq!(spec.message, None);
     }
 }

@@ -190,7 +190,14 @@ mod tests {
     #[test]
     fn set_adds_a_new_condition() {
         let mut list = Vec::new();
-        let c = new_condition("Ready", ConditionStatus::True, "Done", "ok", Some(1), time(10));
+        let c = new_condition(
+            "Ready",
+            ConditionStatus::True,
+            "Done",
+            "ok",
+            Some(1),
+            time(10),
+        );
         assert!(set_condition(&mut list, c.clone()));
         assert_eq!(list, vec![c]);
         assert!(is_condition_true(&list, "Ready"));
@@ -209,7 +216,14 @@ mod tests {
         )];
         let changed = set_condition(
             &mut list,
-            new_condition("Ready", ConditionStatus::False, "Waiting", "second", Some(2), time(20)),
+            new_condition(
+                "Ready",
+                ConditionStatus::False,
+                "Waiting",
+                "second",
+                Some(2),
+                time(20),
+            ),
         );
         assert!(changed);
         assert_eq!(list.len(), 1);
@@ -230,7 +244,14 @@ mod tests {
         )];
         set_condition(
             &mut list,
-            new_condition("Ready", ConditionStatus::True, "Done", "m", Some(1), time(20)),
+            new_condition(
+                "Ready",
+                ConditionStatus::True,
+                "Done",
+                "m",
+                Some(1),
+                time(20),
+            ),
         );
         assert_eq!(list[0].last_transition_time, time(20));
         assert_eq!(list[0].status, "True");
@@ -238,7 +259,14 @@ mod tests {
 
     #[test]
     fn identical_condition_is_not_a_change() {
-        let c = new_condition("Ready", ConditionStatus::True, "Done", "m", Some(1), time(10));
+        let c = new_condition(
+            "Ready",
+            ConditionStatus::True,
+            "Done",
+            "m",
+            Some(1),
+            time(10),
+        );
         let mut list = vec![c.clone()];
         let mut later = c.clone();
         later.last_transition_time = time(99);
@@ -261,7 +289,10 @@ mod tests {
         assert!(remove_condition(&mut list, "A"));
         assert!(!remove_condition(&mut list, "A"));
         assert_eq!(list.len(), 1);
-        assert_eq!(find_condition(&list, "B").map(|c| c.status.as_str()), Some("True"));
+        assert_eq!(
+            find_condition(&list, "B").map(|c| c.status.as_str()),
+            Some("True")
+        );
     }
 
     #[test]
@@ -270,9 +301,19 @@ mod tests {
         let long = "é".repeat(MAX_CONDITION_MESSAGE_LENGTH + 10);
         set_condition(
             &mut list,
-            new_condition("Failed", ConditionStatus::True, "Error", &long, None, time(1)),
+            new_condition(
+                "Failed",
+                ConditionStatus::True,
+                "Error",
+                &long,
+                None,
+                time(1),
+            ),
         );
-        assert_eq!(list[0].message.chars().count(), MAX_CONDITION_MESSAGE_LENGTH);
+        assert_eq!(
+            list[0].message.chars().count(),
+            MAX_CONDITION_MESSAGE_LENGTH
+        );
         assert!(list[0].message.ends_with('…'));
     }
 

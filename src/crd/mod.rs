@@ -42,6 +42,10 @@ pub const GROUP: &str = "agentrun.dev";
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` of the custom resources.
 pub const API_VERSION: &str = "agentrun.dev/v1alpha1";
+/// The category of the three resources: `kubectl get agentrun-all` lists them together. (Not
+/// `agentrun`: kubectl expands categories before resource names, so a category equal to the
+/// AgentRun's singular name would break `kubectl get agentrun NAME`.)
+pub const CATEGORY: &str = "agentrun-all";
 /// The label every CRD (and object installed with them) carries.
 pub const PART_OF_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "agentrun");
 
@@ -105,17 +109,22 @@ pub struct GeneratedCrd {
 
 /// The CustomResourceDefinitions of the three resources, as installed: `(file name, kind, CRD)`.
 ///
-/// They are the derived definitions with two rewrites of every schema: `nullable` is removed, so
-/// that a `null` sent for an optional field is pruned by the API server (the field is absent)
-/// instead of being stored and CEL rules can rely on `has(...)`; and the unsigned integer formats
+/// They are the derived definitions with three rewrites of every schema: `nullable` is removed,
+/// so that a `null` sent for an optional field is pruned by the API server (the field is absent)
+/// instead of being stored and CEL rules can rely on `has(...)`; the unsigned integer formats
 /// schemars emits (`uint32`, ...), which the API server does not know, become `int64` with the
-/// type's bounds.
+/// type's bounds; and the line breaks of wrapped doc comments are joined, so `kubectl explain`
+/// reflows paragraphs instead of breaking lines where the source did.
 pub fn custom_resource_definitions() -> Vec<(&'static str, &'static str, CustomResourceDefinition)>
 {
     let mut crds = vec![
         ("agent.yaml", "Agent", Agent::crd()),
         ("agentrun.yaml", "AgentRun", AgentRun::crd()),
-        ("approvalrequest.yaml", "ApprovalRequest", ApprovalRequest::crd()),
+        (
+            "approvalrequest.yaml",
+            "ApprovalRequest",
+            ApprovalRequest::crd(),
+        ),
     ];
     for (_, _, crd) in &mut crds {
         for version in &mut crd.spec.versions {
@@ -178,10 +187,28 @@ fn field_docs_only(schema: &mut schemars::Schema) {
     schema.remove("description");
 }
 
+/// Joins the lines of each paragraph (paragraphs are separated by a blank line).
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|paragraph| {
+            paragraph
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
 /// Removes `nullable` and rewrites integer formats the API server does not know, in a schema and
 /// all its subschemas.
 fn rewrite_schema(schema: &mut JSONSchemaProps) {
     schema.nullable = None;
+    if let Some(description) = schema.description.as_mut() {
+        *description = unwrap_lines(description);
+    }
     let bounds = match schema.format.as_deref() {
         Some("uint8") => Some(("int32", 0.0, Some(f64::from(u8::MAX)))),
         Some("uint16") => Some(("int32", 0.0, Some(f64::from(u16::MAX)))),
@@ -234,8 +261,14 @@ mod tests {
             .into_iter()
             .find(|(_, k, _)| *k == kind)
             .unwrap();
-        serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema)
-            .unwrap()
+        serde_json::to_value(
+            &crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema,
+        )
+        .unwrap()
     }
 
     fn contains_key(v: &Value, key: &str) -> bool {
@@ -263,11 +296,22 @@ mod tests {
             assert_eq!(crd.spec.names.kind, kind);
             assert_eq!(
                 crd.spec.names.categories.as_deref(),
-                Some(&["agentrun".to_string()][..])
+                Some(&[CATEGORY.to_string()][..])
             );
             let labels = crd.metadata.labels.unwrap();
             assert_eq!(labels[PART_OF_LABEL.0], PART_OF_LABEL.1);
         }
+    }
+
+    #[test]
+    fn descriptions_are_reflowed_paragraphs() {
+        assert_eq!(unwrap_lines("a\nb\n\nc\n d"), "a b\n\nc d");
+        let s = schema_of("ApprovalRequest");
+        let spec = &s["properties"]["spec"]["description"];
+        assert_eq!(
+            spec,
+            "One tool call waiting for a person's decision. The request fields are written once by the controller; the decision fields are written once by a person."
+        );
     }
 
     #[test]
@@ -296,7 +340,10 @@ mod tests {
             let mut found = Vec::new();
             formats(&schema_of(kind), &mut found);
             for f in found {
-                assert!(["int32", "int64", "date-time"].contains(&f.as_str()), "{kind}: {f}");
+                assert!(
+                    ["int32", "int64", "date-time"].contains(&f.as_str()),
+                    "{kind}: {f}"
+                );
             }
         }
         let s = schema_of("ApprovalRequest");
@@ -306,17 +353,26 @@ mod tests {
         assert_eq!(step["maximum"], f64::from(u32::MAX));
         let s = schema_of("Agent");
         let turns = &s["properties"]["spec"]["properties"]["maxTurns"];
-        assert_eq!((turns["minimum"].as_f64(), turns["maximum"].as_f64()), (Some(1.0), Some(1000.0)));
+        assert_eq!(
+            (turns["minimum"].as_f64(), turns["maximum"].as_f64()),
+            (Some(1.0), Some(1000.0))
+        );
     }
 
     #[test]
     fn decision_is_an_enum_and_strings_are_bounded() {
         let s = schema_of("ApprovalRequest");
         let spec = &s["properties"]["spec"]["properties"];
-        assert_eq!(spec["decision"]["enum"], serde_json::json!(["Approved", "Rejected"]));
+        assert_eq!(
+            spec["decision"]["enum"],
+            serde_json::json!(["Approved", "Rejected"])
+        );
         for (name, prop) in spec.as_object().unwrap() {
             if prop["type"] == "string" && prop.get("enum").is_none() {
-                assert!(prop.get("maxLength").is_some(), "spec.{name} has no maxLength");
+                assert!(
+                    prop.get("maxLength").is_some(),
+                    "spec.{name} has no maxLength"
+                );
             }
         }
         let required = spec_required(&s);
@@ -328,7 +384,10 @@ mod tests {
             "arguments",
             "argumentsDigest",
         ] {
-            assert!(required.contains(&field.to_string()), "{field} not required");
+            assert!(
+                required.contains(&field.to_string()),
+                "{field} not required"
+            );
         }
     }
 
@@ -358,7 +417,11 @@ mod tests {
         ] {
             let rules = &spec["properties"][field]["x-kubernetes-validations"];
             assert_eq!(rules[0]["rule"], "self == oldSelf", "{field}");
-            assert_eq!(rules[0]["message"], format!("{field} is immutable"), "{field}");
+            assert_eq!(
+                rules[0]["message"],
+                format!("{field} is immutable"),
+                "{field}"
+            );
         }
     }
 
@@ -371,7 +434,10 @@ mod tests {
         let input = &s["properties"]["spec"]["properties"]["input"];
         assert_eq!(input["maxLength"], agent_run::MAX_INPUT_LENGTH);
         let phase = &s["properties"]["status"]["properties"]["phase"];
-        assert_eq!(phase["enum"].as_array().unwrap().len(), AgentRunPhase::ALL.len());
+        assert_eq!(
+            phase["enum"].as_array().unwrap().len(),
+            AgentRunPhase::ALL.len()
+        );
     }
 
     #[test]

@@ -134,8 +134,7 @@ mod tests {
             && (v.is_empty()
                 || (v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
                     && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-                    && v
-                        .bytes()
+                    && v.bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))))
     }
 
@@ -176,7 +175,11 @@ mod tests {
         assert!(lower.starts_with("demo-call-tx-9-"), "{lower}");
         assert_eq!(upper.len(), "demo-call-tx-9-".len() + HASH_LENGTH);
         assert!(is_dns1123_subdomain(&upper));
-        assert_eq!(upper, approval_request_name("demo", "call_TX_9"), "deterministic");
+        assert_eq!(
+            upper,
+            approval_request_name("demo", "call_TX_9"),
+            "deterministic"
+        );
     }
 
     #[test]

@@ -29,7 +29,8 @@
 //!
 //! Within list entries a few fields have no safe default and are required: `tool_call_id` and
 //! `tool_name` of a deferred approval, `tool_call_id` of a rejected tool, and `timestamp` of an
-//! approval-metadata entry.
+//! approval-metadata entry. The `args` of a deferred approval may be any JSON value, `null`
+//! included (kept as written); only a missing `args` defaults (to `{}`).
 //!
 //! # Timestamps
 //!
@@ -623,7 +624,11 @@ impl RunState {
                     .push(DeferredToolCall {
                         tool_call_id: required(take_str(&mut call, "tool_call_id", &at)?, &at, "tool_call_id")?,
                         tool_name: required(take_str(&mut call, "tool_name", &at)?, &at, "tool_name")?,
-                        args: take_any(&mut call, "args").unwrap_or_else(|| Value::Dict(Dict::new())),
+                        // Any JSON is valid arguments (`null` included); only a missing key
+                        // defaults, to an empty dict.
+                        args: call
+                            .get_mut("args")
+                            .map_or_else(|| Value::Dict(Dict::new()), std::mem::take),
                     });
             }
         }

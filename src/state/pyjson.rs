@@ -348,6 +348,27 @@ impl Value {
     }
 }
 
+static NULL: Value = Value::Null;
+
+/// `value["key"]`: the entry of a dict, or `null` when this is not a dict or has no such key (never
+/// panics, like `serde_json::Value`).
+impl std::ops::Index<&str> for Value {
+    type Output = Value;
+
+    fn index(&self, key: &str) -> &Value {
+        self.get(key).unwrap_or(&NULL)
+    }
+}
+
+/// `value[i]`: the item of a list, or `null` when this is not a list or is too short (never panics).
+impl std::ops::Index<usize> for Value {
+    type Output = Value;
+
+    fn index(&self, index: usize) -> &Value {
+        self.get_index(index).unwrap_or(&NULL)
+    }
+}
+
 impl From<bool> for Value {
     fn from(value: bool) -> Self {
         Value::Bool(value)
@@ -734,7 +755,12 @@ fn fail_to_error(data: &[u8], fail: Fail) -> JsonError {
                 jiter::JiterErrorType::JsonError(
                     jiter::JsonErrorType::LoneLeadingSurrogateInHexEscape
                     | jiter::JsonErrorType::InvalidUnicodeCodePoint,
-                ) => "lone UTF-16 surrogate in \\u escape (not representable as UTF-8)".to_owned(),
+                ) => LONE_SURROGATE.to_owned(),
+                jiter::JiterErrorType::JsonError(jiter::JsonErrorType::UnexpectedEndOfHexEscape)
+                    if follows_surrogate_escape(data, e.index) =>
+                {
+                    LONE_SURROGATE.to_owned()
+                }
                 other => match non_finite_literal_near(data, e.index) {
                     Some((index, literal)) => {
                         return syntax_error(
@@ -750,6 +776,23 @@ fn fail_to_error(data: &[u8], fail: Fail) -> JsonError {
         }
     };
     syntax_error(data, index, message)
+}
+
+const LONE_SURROGATE: &str =
+    "lone UTF-16 surrogate in \\u escape (CPython keeps it, but it cannot be represented in UTF-8)";
+
+/// `true` when the last `\uXXXX` escape shortly before `index` is a UTF-16 surrogate (so a
+/// "bad hex escape" there really is a lone surrogate).
+fn follows_surrogate_escape(data: &[u8], index: usize) -> bool {
+    let end = index.min(data.len());
+    let window = &data[end.saturating_sub(12)..end];
+    window
+        .windows(6)
+        .rev()
+        .find(|w| w.starts_with(b"\\u"))
+        .and_then(|w| std::str::from_utf8(&w[2..]).ok())
+        .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+        .is_some_and(|unit| (0xD800..=0xDFFF).contains(&unit))
 }
 
 fn syntax_error(data: &[u8], index: usize, message: String) -> JsonError {

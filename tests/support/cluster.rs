@@ -253,7 +253,10 @@ impl ControlPlane {
         let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
         let deadline = Instant::now() + Duration::from_secs(30);
         while accounts.get_opt("default").await.expect("get sa").is_none() {
-            assert!(Instant::now() < deadline, "no default service account in {name}");
+            assert!(
+                Instant::now() < deadline,
+                "no default service account in {name}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         TestNamespace {
@@ -269,7 +272,12 @@ impl ControlPlane {
     }
 
     /// Runs kubectl as `identity`, feeding `stdin` to it.
-    pub fn kubectl_with_stdin(&self, identity: Identity, args: &[&str], stdin: Option<&str>) -> Output {
+    pub fn kubectl_with_stdin(
+        &self,
+        identity: Identity,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Output {
         run_tool(
             &self.bin_dir().join("kubectl"),
             &self.kubeconfig(identity),
@@ -295,12 +303,25 @@ impl ControlPlane {
             let crds = repo_root().join("crds");
             let out = self.kubectl(
                 Identity::Admin,
-                &["apply", "--server-side", "--force-conflicts", "-f", crds.to_str().unwrap()],
+                &[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    crds.to_str().unwrap(),
+                ],
             );
             assert_success(&out, "kubectl apply -f crds/");
             let out = self.kubectl(
                 Identity::Admin,
-                &["wait", "--for=condition=Established", "--timeout=60s", "crd", "-l", "app.kubernetes.io/part-of=agentrun"],
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd",
+                    "-l",
+                    "app.kubernetes.io/part-of=agentrun",
+                ],
             );
             assert_success(&out, "kubectl wait for CRDs");
         });
@@ -373,11 +394,24 @@ fn run_tool(exe: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -
     let mut cmd = Command::new(exe);
     cmd.env("KUBECONFIG", kubeconfig)
         .env("HOME", std::env::temp_dir())
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("agentrun-helm/cache"))
-        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("agentrun-helm/config"))
-        .env("HELM_DATA_HOME", std::env::temp_dir().join("agentrun-helm/data"))
+        .env(
+            "HELM_CACHE_HOME",
+            std::env::temp_dir().join("agentrun-helm/cache"),
+        )
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("agentrun-helm/config"),
+        )
+        .env(
+            "HELM_DATA_HOME",
+            std::env::temp_dir().join("agentrun-helm/data"),
+        )
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd

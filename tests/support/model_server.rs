@@ -245,7 +245,11 @@ async fn handle(
         body: String::from_utf8_lossy(&body).into_owned(),
     });
     if method != Method::POST || uri.path() != "/v1/chat/completions" {
-        return (StatusCode::NOT_FOUND, "model server: only POST /v1/chat/completions").into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            "model server: only POST /v1/chat/completions",
+        )
+            .into_response();
     }
     let reply = lock(&shared.replies).pop_front();
     match reply {

@@ -1,0 +1,754 @@
+//! The pure part of a reconcile: from what was observed (the run, its Agent, its worker Pods and
+//! ApprovalRequests, and its RunState when needed) to the one next action. No I/O here, so every
+//! branch is unit-tested with plain fixtures.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use crate::crd::{AgentRun, AgentRunPhase, ApprovalRequest, Decision, approval_request_name};
+use crate::state::{DeferredToolCall, RunState, pyjson};
+
+/// Settings of the decision step.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// How many times a failed worker of one step is retried before the run fails.
+    pub max_retries: u32,
+    /// The delay before the first retry; doubled for each further retry.
+    pub retry_backoff: Duration,
+    /// How often a run waiting on something without a watch event (expiry, a missing Agent) is
+    /// looked at again.
+    pub recheck: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            max_retries: 3,
+            retry_backoff: Duration::from_secs(5),
+            recheck: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the controller observed about one run.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    /// The run (its `status.runState` may be stripped).
+    pub run: &'a AgentRun,
+    /// Whether the run's Agent exists.
+    pub agent_found: bool,
+    /// Approval timeouts of the Agent's tools, by tool name.
+    pub approval_timeouts: &'a std::collections::BTreeMap<String, Duration>,
+    /// The run's worker Pods.
+    pub pods: &'a [Pod],
+    /// The run's ApprovalRequests.
+    pub requests: &'a [ApprovalRequest],
+    /// The run's RunState, when the step needs it (see [`needs_state`]); `Err` holds why it could
+    /// not be read.
+    pub state: Option<Result<&'a RunState, String>>,
+    /// The time of the observation.
+    pub now: DateTime<Utc>,
+}
+
+/// How a worker Pod ended, or that it has not yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodOutcome {
+    /// Not created yet.
+    Missing,
+    /// Created, not finished.
+    InProgress,
+    /// Exited 0.
+    Succeeded,
+    /// Exited non-zero (or could not start), with the termination message and when it ended.
+    Failed {
+        /// The container's termination message.
+        message: String,
+        /// When it ended.
+        finished_at: Option<DateTime<Utc>>,
+    },
+}
+
+/// A call's decision, as the controller will apply it to the RunState.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedDecision {
+    /// The ApprovalRequest's name.
+    pub request: String,
+    /// The tool call id.
+    pub tool_call_id: String,
+    /// What happens to the call.
+    pub kind: ResolvedKind,
+}
+
+/// How a call was resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolvedKind {
+    /// A person approved it.
+    Approved {
+        /// Who approved (the policy-verified `approverId`).
+        approver_id: Option<String>,
+        /// Why, for the audit.
+        reason: Option<String>,
+    },
+    /// A person rejected it.
+    Rejected {
+        /// Who rejected.
+        approver_id: Option<String>,
+        /// Why, for the audit.
+        reason: Option<String>,
+        /// What the model is told.
+        message: Option<String>,
+    },
+    /// Nobody decided in time: rejected with "approval timed out", reason `expired`.
+    Expired,
+    /// The request no longer matches the call (arguments digest, run uid or step): rejected,
+    /// never approved.
+    Superseded {
+        /// Why it no longer matches.
+        why: String,
+    },
+}
+
+/// A request to create for a pending call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRequest {
+    /// The ApprovalRequest's name.
+    pub name: String,
+    /// The deferred call.
+    pub call: DeferredToolCall,
+    /// The call's arguments as stored (Python-compatible JSON).
+    pub arguments: String,
+    /// When it expires, if the tool has an approval timeout.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// The one next thing to do for a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Nothing until something changes (a watch event brings the run back).
+    Wait,
+    /// Look again after this long.
+    Recheck(Duration),
+    /// The run's Agent is missing: say so in a condition and look again later.
+    AgentMissing,
+    /// Start (or restart) the worker of `step`: `attempt` 0 is the first try.
+    StartStep {
+        /// The step.
+        step: u32,
+        /// The retry number.
+        attempt: u32,
+    },
+    /// The current worker Pod is missing (e.g. a crash after the status was written): create it.
+    CreatePod {
+        /// The step.
+        step: u32,
+        /// The retry number.
+        attempt: u32,
+    },
+    /// The worker halted: create the ApprovalRequests that are missing and wait for decisions.
+    RequestApprovals {
+        /// Requests to create.
+        create: Vec<NewRequest>,
+        /// How many calls wait for a decision.
+        pending: u32,
+    },
+    /// Every call of the halt is resolved: apply the decisions to the RunState and start the
+    /// next step.
+    Resume {
+        /// The decisions, in the order of the halt's calls.
+        decisions: Vec<ResolvedDecision>,
+    },
+    /// The run finished with this answer.
+    Succeed {
+        /// The final output.
+        output: String,
+    },
+    /// The run failed for good.
+    Fail {
+        /// A CamelCase reason for the condition.
+        reason: &'static str,
+        /// What went wrong, for people.
+        message: String,
+    },
+}
+
+/// Whether [`decide`] needs the full RunState for this observation (so the caller reads it only
+/// then: the cache does not hold states).
+pub fn needs_state(run: &AgentRun, pods: &[Pod]) -> bool {
+    let status = run.status.clone().unwrap_or_default();
+    match status.phase {
+        Some(AgentRunPhase::AwaitingApproval) => true,
+        Some(AgentRunPhase::Running) => {
+            let step = status.step.unwrap_or(0);
+            let attempt = status.retries.unwrap_or(0);
+            pod_outcome(find_pod(pods, &worker_pod_name(&run.name_any(), step, attempt))) == PodOutcome::Succeeded
+        }
+        _ => false,
+    }
+}
+
+/// The worker Pod name of a step's attempt: `<run>-step-<n>`, then `-r<k>` for retries.
+pub fn worker_pod_name(run: &str, step: u32, attempt: u32) -> String {
+    let base = crate::crd::worker_pod_name(run, step);
+    if attempt == 0 {
+        base
+    } else {
+        format!("{base}-r{attempt}")
+    }
+}
+
+fn find_pod<'a>(pods: &'a [Pod], name: &str) -> Option<&'a Pod> {
+    pods.iter().find(|p| p.name_any() == name)
+}
+
+/// How a worker Pod ended, from its status.
+pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
+    let Some(pod) = pod else {
+        return PodOutcome::Missing;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodOutcome::Failed {
+            message: "the worker Pod was deleted before it finished".into(),
+            finished_at: None,
+        };
+    }
+    let status = pod.status.clone().unwrap_or_default();
+    match status.phase.as_deref() {
+        Some("Succeeded") => PodOutcome::Succeeded,
+        Some("Failed") => {
+            let terminated = status
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .find_map(|c| c.state.and_then(|s| s.terminated));
+            let (message, finished_at) = match terminated {
+                Some(t) => {
+                    let code = t.exit_code;
+                    let text = t.message.unwrap_or_default();
+                    let text = if text.trim().is_empty() {
+                        format!("the worker exited with code {code}")
+                    } else {
+                        format!("the worker exited with code {code}: {}", text.trim())
+                    };
+                    (text, t.finished_at.map(|t| to_chrono(&t.0)))
+                }
+                None => (
+                    status
+                        .message
+                        .unwrap_or_else(|| "the worker Pod failed".to_owned()),
+                    None,
+                ),
+            };
+            PodOutcome::Failed {
+                message,
+                finished_at,
+            }
+        }
+        _ => PodOutcome::InProgress,
+    }
+}
+
+fn to_chrono(ts: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32).unwrap_or_default()
+}
+
+/// The next action for a run.
+pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
+    let run = observed.run;
+    let status = run.status.clone().unwrap_or_default();
+    let phase = status.phase;
+    if phase.is_some_and(AgentRunPhase::is_terminal) {
+        return Action::Wait;
+    }
+    if !observed.agent_found {
+        return Action::AgentMissing;
+    }
+    let step = status.step.unwrap_or(0);
+    let attempt = status.retries.unwrap_or(0);
+    match phase {
+        None | Some(AgentRunPhase::Pending) => Action::StartStep { step, attempt },
+        Some(AgentRunPhase::Running) => {
+            let name = worker_pod_name(&run.name_any(), step, attempt);
+            match pod_outcome(find_pod(observed.pods, &name)) {
+                PodOutcome::Missing => Action::CreatePod { step, attempt },
+                PodOutcome::InProgress => Action::Wait,
+                PodOutcome::Failed {
+                    message,
+                    finished_at,
+                } => {
+                    if attempt >= policy.max_retries {
+                        return Action::Fail {
+                            reason: "WorkerFailed",
+                            message: format!(
+                                "step {step} failed {} times; last error: {message}",
+                                attempt + 1
+                            ),
+                        };
+                    }
+                    let backoff = policy.retry_backoff * 2u32.saturating_pow(attempt);
+                    let ready_at = finished_at.unwrap_or(observed.now)
+                        + chrono::Duration::from_std(backoff).unwrap_or_default();
+                    if observed.now < ready_at {
+                        Action::Recheck((ready_at - observed.now).to_std().unwrap_or(backoff))
+                    } else {
+                        Action::StartStep {
+                            step,
+                            attempt: attempt + 1,
+                        }
+                    }
+                }
+                PodOutcome::Succeeded => match &observed.state {
+                    None => Action::Wait,
+                    Some(Err(why)) => Action::Fail {
+                        reason: "InvalidRunState",
+                        message: why.clone(),
+                    },
+                    Some(Ok(state)) => after_step(observed, state),
+                },
+            }
+        }
+        Some(AgentRunPhase::AwaitingApproval) => match &observed.state {
+            None => Action::Wait,
+            Some(Err(why)) => Action::Fail {
+                reason: "InvalidRunState",
+                message: why.clone(),
+            },
+            Some(Ok(state)) => awaiting(observed, state, policy),
+        },
+        Some(_) => Action::Wait,
+    }
+}
+
+/// The worker of the current step exited 0: what its RunState says happened.
+fn after_step(observed: &Observed<'_>, state: &RunState) -> Action {
+    if let Some(output) = &state.final_output {
+        return Action::Succeed {
+            output: output.clone(),
+        };
+    }
+    if !state.pending_approvals().is_empty() {
+        return awaiting_requests(observed, state);
+    }
+    Action::Fail {
+        reason: "NoResult",
+        message: "the worker exited successfully but its RunState neither finished nor awaits approval".into(),
+    }
+}
+
+fn awaiting_requests(observed: &Observed<'_>, state: &RunState) -> Action {
+    let run_name = observed.run.name_any();
+    let pending = state.pending_approvals();
+    let create = pending
+        .iter()
+        .filter(|call| {
+            let name = approval_request_name(&run_name, &call.tool_call_id);
+            !observed.requests.iter().any(|r| r.name_any() == name)
+        })
+        .map(|call| NewRequest {
+            name: approval_request_name(&run_name, &call.tool_call_id),
+            call: (*call).clone(),
+            arguments: call_arguments(call),
+            expires_at: observed.approval_timeouts.get(&call.tool_name).map(|&t| {
+                observed.now + chrono::Duration::from_std(t).unwrap_or_else(|_| chrono::Duration::days(36500))
+            }),
+        })
+        .collect();
+    Action::RequestApprovals {
+        create,
+        pending: pending.len() as u32,
+    }
+}
+
+/// The call's arguments as the ApprovalRequest carries them: the stored JSON, byte for byte.
+pub fn call_arguments(call: &DeferredToolCall) -> String {
+    pyjson::dumps(&call.args).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Action {
+    let pending = state.pending_approvals();
+    if pending.is_empty() {
+        // Decisions were applied but the next step was not recorded: nothing to wait for.
+        return Action::Fail {
+            reason: "InvalidRunState",
+            message: "the run awaits approval but its RunState has no pending tool call".into(),
+        };
+    }
+    let run_name = observed.run.name_any();
+    let step = observed
+        .run
+        .status
+        .as_ref()
+        .and_then(|s| s.step)
+        .unwrap_or(0);
+    let uid = observed.run.uid().unwrap_or_default();
+    let mut decisions = Vec::new();
+    let mut next_expiry: Option<DateTime<Utc>> = None;
+    for call in &pending {
+        let name = approval_request_name(&run_name, &call.tool_call_id);
+        let Some(request) = observed.requests.iter().find(|r| r.name_any() == name) else {
+            return awaiting_requests(observed, state);
+        };
+        let spec = &request.spec;
+        let expected_digest = crate::crd::arguments_digest(&call_arguments(call));
+        let superseded = if spec.agent_run_ref.uid != uid {
+            Some(format!("it names run uid {} but the run is {uid}", spec.agent_run_ref.uid))
+        } else if spec.step != step {
+            Some(format!("it was made at step {} but the run is at step {step}", spec.step))
+        } else if spec.tool_call_id != call.tool_call_id {
+            Some("its toolCallId does not match the pending call".to_owned())
+        } else if spec.arguments_digest != expected_digest || !spec.digest_matches() {
+            Some("its argumentsDigest does not match the call's arguments in the run's state".to_owned())
+        } else {
+            None
+        };
+        let kind = match (superseded, spec.decision) {
+            (Some(why), _) => ResolvedKind::Superseded { why },
+            (None, Some(Decision::Approved)) => ResolvedKind::Approved {
+                approver_id: spec.approver_id.clone(),
+                reason: spec.reason.clone(),
+            },
+            (None, Some(Decision::Rejected)) => ResolvedKind::Rejected {
+                approver_id: spec.approver_id.clone(),
+                reason: spec.reason.clone(),
+                message: spec.message.clone(),
+            },
+            (None, None) => {
+                let expires_at = request
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.expires_at.as_ref())
+                    .map(|t| to_chrono(&t.0));
+                match expires_at {
+                    Some(at) if at <= observed.now => ResolvedKind::Expired,
+                    Some(at) => {
+                        next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
+                        continue;
+                    }
+                    None => continue,
+                }
+            }
+        };
+        decisions.push(ResolvedDecision {
+            request: name,
+            tool_call_id: call.tool_call_id.clone(),
+            kind,
+        });
+    }
+    if decisions.len() == pending.len() {
+        return Action::Resume { decisions };
+    }
+    match next_expiry {
+        Some(at) => Action::Recheck(
+            (at - observed.now)
+                .to_std()
+                .unwrap_or(policy.recheck)
+                .max(Duration::from_millis(200)),
+        ),
+        None => Action::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{
+        AgentRef, AgentRunRef, AgentRunSpec, AgentRunStatus, ApprovalRequestSpec,
+        ApprovalRequestStatus,
+    };
+    use crate::state::{Approval, DeferredToolRequests};
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus};
+    use kube::api::ObjectMeta;
+
+    static NO_TIMEOUTS: std::collections::BTreeMap<String, Duration> = std::collections::BTreeMap::new();
+
+    fn run(phase: Option<AgentRunPhase>, step: u32, retries: u32) -> AgentRun {
+        let mut run = AgentRun::new(
+            "r1",
+            AgentRunSpec {
+                agent_ref: AgentRef { name: "ops".into() },
+                input: "Delete user u-1".into(),
+                worker: None,
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("uid-1".into());
+        run.status = Some(AgentRunStatus {
+            phase,
+            step: Some(step),
+            retries: Some(retries),
+            ..Default::default()
+        });
+        run
+    }
+
+    fn pod(name: &str, phase: &str, exit: Option<(i32, &str)>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: exit.map(|(code, message)| {
+                    vec![ContainerStatus {
+                        name: "worker".into(),
+                        state: Some(ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: code,
+                                message: Some(message.into()),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn halted_state() -> RunState {
+        let mut state = RunState::new("uid-1", "ops", "Delete user u-1");
+        state.deferred_tool_requests = DeferredToolRequests {
+            calls: vec![],
+            approvals: vec![DeferredToolCall {
+                tool_call_id: "call_1".into(),
+                tool_name: "delete_user".into(),
+                args: pyjson::loads(r#"{"user_id": "u-1"}"#).unwrap(),
+            }],
+        };
+        state
+    }
+
+    fn request(state: &RunState, decision: Option<Decision>) -> ApprovalRequest {
+        let call = &state.deferred_tool_requests.approvals[0];
+        let arguments = call_arguments(call);
+        let mut r = ApprovalRequest::new(
+            &approval_request_name("r1", &call.tool_call_id),
+            ApprovalRequestSpec {
+                agent_run_ref: AgentRunRef {
+                    name: "r1".into(),
+                    uid: "uid-1".into(),
+                },
+                step: 0,
+                tool_call_id: call.tool_call_id.clone(),
+                tool_name: call.tool_name.clone(),
+                arguments_digest: crate::crd::arguments_digest(&arguments),
+                arguments,
+                run_creator: None,
+                decision,
+                approver_id: decision.map(|_| "alice@example.com".into()),
+                reason: decision.map(|_| "CR-1234".into()),
+                message: None,
+            },
+        );
+        r.status = Some(ApprovalRequestStatus::default());
+        r
+    }
+
+    fn observe<'a>(
+        run: &'a AgentRun,
+        pods: &'a [Pod],
+        requests: &'a [ApprovalRequest],
+        state: Option<Result<&'a RunState, String>>,
+    ) -> Observed<'a> {
+        Observed {
+            run,
+            agent_found: true,
+            approval_timeouts: &NO_TIMEOUTS,
+            pods,
+            requests,
+            state,
+            now: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_new_run_starts_step_zero() {
+        let mut r = run(None, 0, 0);
+        r.status = None;
+        let action = decide(&observe(&r, &[], &[], None), &Policy::default());
+        assert_eq!(action, Action::StartStep { step: 0, attempt: 0 });
+    }
+
+    #[test]
+    fn a_missing_agent_is_reported_not_failed() {
+        let r = run(None, 0, 0);
+        let mut o = observe(&r, &[], &[], None);
+        o.agent_found = false;
+        assert_eq!(decide(&o, &Policy::default()), Action::AgentMissing);
+    }
+
+    #[test]
+    fn terminal_runs_are_left_alone() {
+        for phase in [AgentRunPhase::Succeeded, AgentRunPhase::Failed, AgentRunPhase::Cancelled] {
+            let r = run(Some(phase), 1, 0);
+            assert_eq!(decide(&observe(&r, &[], &[], None), &Policy::default()), Action::Wait);
+        }
+    }
+
+    #[test]
+    fn a_running_step_without_its_pod_recreates_it_with_the_same_name() {
+        let r = run(Some(AgentRunPhase::Running), 2, 0);
+        let other = [pod("r1-step-1", "Succeeded", None)];
+        assert_eq!(
+            decide(&observe(&r, &other, &[], None), &Policy::default()),
+            Action::CreatePod { step: 2, attempt: 0 }
+        );
+        let running = [pod("r1-step-2", "Running", None)];
+        assert_eq!(decide(&observe(&r, &running, &[], None), &Policy::default()), Action::Wait);
+    }
+
+    #[test]
+    fn a_failed_worker_is_retried_after_backoff_then_fails_the_run() {
+        let r = run(Some(AgentRunPhase::Running), 0, 0);
+        let failed = [pod("r1-step-0", "Failed", Some((1, "model endpoint unreachable")))];
+        let policy = Policy {
+            retry_backoff: Duration::ZERO,
+            ..Policy::default()
+        };
+        assert_eq!(
+            decide(&observe(&r, &failed, &[], None), &policy),
+            Action::StartStep { step: 0, attempt: 1 }
+        );
+        let r = run(Some(AgentRunPhase::Running), 0, 3);
+        let failed = [pod("r1-step-0-r3", "Failed", Some((1, "model endpoint unreachable")))];
+        match decide(&observe(&r, &failed, &[], None), &policy) {
+            Action::Fail { reason, message } => {
+                assert_eq!(reason, "WorkerFailed");
+                assert!(message.contains("model endpoint unreachable"), "{message}");
+            }
+            other => panic!("expected Fail, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn backoff_waits_before_the_retry() {
+        let r = run(Some(AgentRunPhase::Running), 0, 0);
+        let failed = [pod("r1-step-0", "Failed", Some((1, "boom")))];
+        let o = observe(&r, &failed, &[], None);
+        assert!(matches!(decide(&o, &Policy::default()), Action::Recheck(_)));
+    }
+
+    #[test]
+    fn a_finished_step_reads_the_state() {
+        let r = run(Some(AgentRunPhase::Running), 0, 0);
+        let done = [pod("r1-step-0", "Succeeded", None)];
+        assert!(needs_state(&r, &done));
+        assert_eq!(decide(&observe(&r, &done, &[], None), &Policy::default()), Action::Wait);
+
+        let mut finished = RunState::new("uid-1", "ops", "hi");
+        finished.final_output = Some("User u-1 deleted.".into());
+        assert_eq!(
+            decide(&observe(&r, &done, &[], Some(Ok(&finished))), &Policy::default()),
+            Action::Succeed { output: "User u-1 deleted.".into() }
+        );
+
+        let halted = halted_state();
+        match decide(&observe(&r, &done, &[], Some(Ok(&halted))), &Policy::default()) {
+            Action::RequestApprovals { create, pending } => {
+                assert_eq!(pending, 1);
+                assert_eq!(create.len(), 1);
+                assert_eq!(create[0].name, approval_request_name("r1", "call_1"));
+                assert_eq!(create[0].arguments, r#"{"user_id": "u-1"}"#);
+            }
+            other => panic!("expected RequestApprovals, got {other:?}"),
+        }
+
+        let malformed = decide(
+            &observe(&r, &done, &[], Some(Err("runState: field `messages`: expected a list".into()))),
+            &Policy::default(),
+        );
+        assert!(matches!(malformed, Action::Fail { reason: "InvalidRunState", .. }));
+    }
+
+    #[test]
+    fn approvals_wait_for_every_decision_then_resume() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let undecided = [request(&state, None)];
+        assert_eq!(
+            decide(&observe(&r, &[], &undecided, Some(Ok(&state))), &Policy::default()),
+            Action::Wait
+        );
+        let approved = [request(&state, Some(Decision::Approved))];
+        match decide(&observe(&r, &[], &approved, Some(Ok(&state))), &Policy::default()) {
+            Action::Resume { decisions } => {
+                assert_eq!(decisions.len(), 1);
+                assert_eq!(
+                    decisions[0].kind,
+                    ResolvedKind::Approved {
+                        approver_id: Some("alice@example.com".into()),
+                        reason: Some("CR-1234".into())
+                    }
+                );
+            }
+            other => panic!("expected Resume, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_whose_digest_no_longer_matches_is_superseded_never_approved() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let mut tampered = request(&state, Some(Decision::Approved));
+        tampered.spec.arguments = r#"{"user_id": "u-2"}"#.into();
+        tampered.spec.arguments_digest = crate::crd::arguments_digest(&tampered.spec.arguments);
+        match decide(&observe(&r, &[], &[tampered], Some(Ok(&state))), &Policy::default()) {
+            Action::Resume { decisions } => {
+                assert!(matches!(decisions[0].kind, ResolvedKind::Superseded { .. }));
+            }
+            other => panic!("expected Resume, got {other:?}"),
+        }
+        let mut other_run = request(&state, Some(Decision::Approved));
+        other_run.spec.agent_run_ref.uid = "uid-old".into();
+        match decide(&observe(&r, &[], &[other_run], Some(Ok(&state))), &Policy::default()) {
+            Action::Resume { decisions } => {
+                assert!(matches!(decisions[0].kind, ResolvedKind::Superseded { .. }));
+            }
+            other => panic!("expected Resume, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_expired_request_resolves_as_expired() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let mut expired = request(&state, None);
+        let past = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(5);
+        expired.status.as_mut().unwrap().expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(past));
+        match decide(&observe(&r, &[], &[expired.clone()], Some(Ok(&state))), &Policy::default()) {
+            Action::Resume { decisions } => assert_eq!(decisions[0].kind, ResolvedKind::Expired),
+            other => panic!("expected Resume, got {other:?}"),
+        }
+        let future = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
+        expired.status.as_mut().unwrap().expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(future));
+        assert!(matches!(
+            decide(&observe(&r, &[], &[expired], Some(Ok(&state))), &Policy::default()),
+            Action::Recheck(_)
+        ));
+    }
+
+    #[test]
+    fn a_missing_request_is_created_again() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        match decide(&observe(&r, &[], &[], Some(Ok(&state))), &Policy::default()) {
+            Action::RequestApprovals { create, .. } => assert_eq!(create.len(), 1),
+            other => panic!("expected RequestApprovals, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decisions_already_in_the_state_do_not_count_as_pending() {
+        let mut state = halted_state();
+        state
+            .approve("call_1", Approval::new().approver_id("alice@example.com"))
+            .unwrap();
+        assert!(state.pending_approvals().is_empty());
+    }
+}

@@ -1,0 +1,731 @@
+//! The controller: reconciles `AgentRun`s. It starts worker Pods, turns halts into
+//! `ApprovalRequest`s, applies decisions to the RunState with their audit metadata, and resumes
+//! approved runs in a new worker Pod.
+//!
+//! A reconcile is split into a pure step ([`decide`]: from the observed objects to one action) and
+//! I/O steps here (fetch, server-side apply with the `agentrun-controller` field manager, status
+//! patches). The cache holds runs without their `status.runState`; it is read only when needed.
+
+pub mod decide;
+pub mod worker_pod;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::crd::{
+    Agent, AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec,
+    AgentRunRef, ConditionStatus, new_condition, set_condition,
+};
+use crate::run_status::{self, StoredState};
+use crate::state::{Approval, Rejection};
+use decide::{Action, NewRequest, Observed, Policy, ResolvedDecision, ResolvedKind};
+use worker_pod::{MANAGED_BY, RUN_LABEL, WorkerSettings};
+
+/// The field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "agentrun-controller";
+/// The finalizer on AgentRuns: cleanup releases the run's ApprovalRequests.
+pub const RUN_FINALIZER: &str = "agentrun.dev/cleanup";
+/// The finalizer on ApprovalRequests that keeps each one (the decision record) as long as its run.
+pub const AUDIT_FINALIZER: &str = "agentrun.dev/keep-with-run";
+/// The annotation holding the verified identity of a run's creator (stamped at creation by the
+/// admission policy); the controller copies it to `status.createdBy`.
+pub const CREATED_BY_ANNOTATION: &str = "agentrun.dev/created-by";
+/// The condition type summarizing a run.
+pub const READY: &str = "Ready";
+/// The message a model gets for a call whose approval timed out.
+pub const EXPIRED_MESSAGE: &str = "approval timed out";
+/// The message a model gets for a call whose approval request no longer matched it.
+pub const SUPERSEDED_MESSAGE: &str =
+    "The approval request no longer matched this call, so it was not executed.";
+
+/// Errors of one reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A Kubernetes API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The finalizer machinery failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    /// Applying a decision to the RunState failed.
+    #[error("applying the decision on {request}: {message}")]
+    Decision {
+        /// The ApprovalRequest.
+        request: String,
+        /// Why.
+        message: String,
+    },
+    /// The object has no namespace (the resources are namespaced).
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+impl ReconcileError {
+    /// A low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            ReconcileError::Kube(_) => "kube",
+            ReconcileError::Finalizer(_) => "finalizer",
+            ReconcileError::Decision { .. } => "decision",
+            ReconcileError::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+/// Errors starting the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The CRDs are not installed.
+    #[error("the agentrun.dev CustomResourceDefinitions are not installed (kubectl apply -f crds/): {0}")]
+    CrdsMissing(String),
+    /// The API server could not be reached.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// How the controller runs.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerConfig {
+    /// Watch only this namespace (all when `None`).
+    pub namespace: Option<String>,
+    /// Worker Pod settings.
+    pub worker: WorkerSettings,
+    /// Retries and rechecks.
+    pub policy: Policy,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Settings.
+    pub config: ControllerConfig,
+    pods: Store<Pod>,
+    requests: Store<ApprovalRequest>,
+}
+
+/// Checks the CRDs are served, then runs the controller until a shutdown signal.
+pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartError> {
+    let runs: Api<AgentRun> = scoped(&client, &config.namespace);
+    if let Err(e) = runs.list(&ListParams::default().limit(1)).await {
+        return Err(match e {
+            kube::Error::Api(s) if s.code == 404 => StartError::CrdsMissing(s.message),
+            other => StartError::Kube(other),
+        });
+    }
+    let pods: Api<Pod> = scoped(&client, &config.namespace);
+    let requests: Api<ApprovalRequest> = scoped(&client, &config.namespace);
+
+    let (run_reader, run_writer) = reflector::store();
+    let run_stream = watcher(runs, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(strip_run)
+        .reflect(run_writer)
+        .touched_objects();
+    let (pod_reader, pod_writer) = reflector::store();
+    let pod_stream = watcher(
+        pods,
+        watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
+    )
+    .default_backoff()
+    .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+    .reflect(pod_writer)
+    .touched_objects();
+    let (request_reader, request_writer) = reflector::store();
+    let request_stream = watcher(requests, watcher::Config::default())
+        .default_backoff()
+        .modify(|r: &mut ApprovalRequest| r.managed_fields_mut().clear())
+        .reflect(request_writer)
+        .touched_objects();
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let context = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        config,
+        pods: pod_reader,
+        requests: request_reader,
+    });
+    info!("agentrun controller started");
+    Controller::for_stream(run_stream, run_reader)
+        .owns_stream(pod_stream)
+        .owns_stream(request_stream)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "reconcile failed");
+            }
+        })
+        .await;
+    info!("agentrun controller stopped");
+    Ok(())
+}
+
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The cache keeps runs without their RunState (and managed fields): its memory does not grow
+/// with the size of the runs' conversations.
+fn strip_run(run: &mut AgentRun) {
+    run.managed_fields_mut().clear();
+    if let Some(status) = run.status.as_mut() {
+        status.run_state = None;
+    }
+}
+
+/// Requeues a failed reconcile with a delay (conflicts quickly, others slower).
+pub fn error_policy(run: Arc<AgentRun>, error: &ReconcileError, _: Arc<Context>) -> Requeue {
+    warn!(run = %run.name_any(), error = %error, label = error.metric_label(), "reconcile error");
+    match error {
+        ReconcileError::Kube(kube::Error::Api(s)) if s.code == 409 => {
+            Requeue::requeue(Duration::from_millis(200))
+        }
+        _ => Requeue::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// Reconciles one run.
+pub async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, ReconcileError> {
+    let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let span = info_span!("reconcile", run = %run.name_any(), namespace = %ns);
+    async move {
+        let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
+        finalizer(&api, RUN_FINALIZER, run, |event| async {
+            match event {
+                FinalizerEvent::Apply(run) => apply(run, &ctx).await,
+                FinalizerEvent::Cleanup(run) => cleanup(run, &ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+    }
+    .instrument(span)
+    .await
+}
+
+fn of_run<K: Resource + ResourceExt>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K>
+where
+    K: Clone,
+{
+    let ns = run.namespace();
+    let uid = run.uid();
+    objects
+        .into_iter()
+        .filter(|o| {
+            o.namespace() == ns
+                && o.owner_references().iter().any(|r| Some(&r.uid) == uid.as_ref())
+        })
+        .map(|o| (*o).clone())
+        .collect()
+}
+
+async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileError> {
+    let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    if run
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(AgentRunPhase::is_terminal)
+    {
+        return Ok(Requeue::await_change());
+    }
+    let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
+    let agent = agents.get_opt(&run.spec.agent_ref.name).await?;
+    let pods = of_run(&run, ctx.pods.state());
+    let requests = of_run(&run, ctx.requests.state());
+    let timeouts: std::collections::BTreeMap<String, Duration> = agent
+        .iter()
+        .flat_map(|a| a.spec.tools.iter())
+        .filter_map(|t| {
+            let timeout = crate::agent::tool::parse_duration(t.approval_timeout.as_deref()?)?;
+            Some((t.name.clone(), timeout))
+        })
+        .collect();
+
+    let mut full: Option<AgentRun> = None;
+    let mut state = None;
+    if decide::needs_state(&run, &pods) {
+        let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
+        let fresh = api.get(&run.name_any()).await?;
+        state = Some(
+            run_status::decode(&fresh.status.clone().unwrap_or_default())
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.ok_or_else(|| "status.runState is missing".to_owned())),
+        );
+        full = Some(fresh);
+    }
+    let observed_run = full.as_ref().unwrap_or(&run);
+    let observed = Observed {
+        run: observed_run,
+        agent_found: agent.is_some(),
+        approval_timeouts: &timeouts,
+        pods: &pods,
+        requests: &requests,
+        state: state.as_ref().map(|s| s.as_ref().map_err(Clone::clone)),
+        now: Utc::now(),
+    };
+    let action = decide::decide(&observed, &ctx.config.policy);
+    tracing::debug!(?action, "decided");
+    let io = Io { ctx, run: observed_run, ns: &ns };
+    match action {
+        Action::Wait => Ok(Requeue::await_change()),
+        Action::Recheck(after) => Ok(Requeue::requeue(after)),
+        Action::AgentMissing => io.agent_missing().await,
+        Action::StartStep { step, attempt } => {
+            let agent = agent.expect("decide starts a step only when the Agent exists");
+            io.start_step(&agent, step, attempt).await
+        }
+        Action::CreatePod { step, attempt } => {
+            io.create_pod(step, attempt).await?;
+            Ok(Requeue::await_change())
+        }
+        Action::RequestApprovals { create, pending } => io.request_approvals(create, pending).await,
+        Action::Resume { decisions } => {
+            let state = match state {
+                Some(Ok(s)) => s,
+                _ => unreachable!("decide resumes only with a state"),
+            };
+            io.resume(state, decisions).await
+        }
+        Action::Succeed { output } => io.succeed(output).await,
+        Action::Fail { reason, message } => io.fail(reason, &message).await,
+    }
+}
+
+/// The I/O steps of one reconcile of one run.
+struct Io<'a> {
+    ctx: &'a Context,
+    run: &'a AgentRun,
+    ns: &'a str,
+}
+
+impl Io<'_> {
+    fn runs(&self) -> Api<AgentRun> {
+        Api::namespaced(self.ctx.client.clone(), self.ns)
+    }
+
+    fn requests(&self) -> Api<ApprovalRequest> {
+        Api::namespaced(self.ctx.client.clone(), self.ns)
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = self
+            .ctx
+            .recorder
+            .publish(&event, &self.run.object_ref(&()))
+            .await
+        {
+            warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    async fn event_on_request(&self, request: &ApprovalRequest, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: reason.into(),
+            secondary: Some(self.run.object_ref(&())),
+        };
+        if let Err(error) = self.ctx.recorder.publish(&event, &request.object_ref(&())).await {
+            warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    /// Merge-patches the run's status; with `guard`, only if the run is unchanged since it was read.
+    async fn patch_status(&self, mut patch: serde_json::Value, guard: bool) -> Result<(), ReconcileError> {
+        if guard {
+            patch["metadata"] = json!({"resourceVersion": self.run.resource_version()});
+        }
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.runs()
+            .patch_status(&self.run.name_any(), &params, &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    fn conditions_with(&self, status: ConditionStatus, reason: &str, message: &str) -> serde_json::Value {
+        let mut conditions = self
+            .run
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        set_condition(
+            &mut conditions,
+            new_condition(
+                READY,
+                status,
+                reason,
+                message,
+                self.run.metadata.generation,
+                Time(k8s_openapi::jiff::Timestamp::now()),
+            ),
+        );
+        json!(conditions)
+    }
+
+    async fn agent_missing(&self) -> Result<Requeue, ReconcileError> {
+        let message = format!(
+            "Agent {} not found in namespace {}",
+            self.run.spec.agent_ref.name, self.ns
+        );
+        let already = self
+            .run
+            .status
+            .as_ref()
+            .and_then(|s| crate::crd::find_condition(&s.conditions, READY))
+            .is_some_and(|c| c.reason == "AgentNotFound");
+        if !already {
+            let mut patch = json!({"status": {
+                "conditions": self.conditions_with(ConditionStatus::False, "AgentNotFound", &message),
+                "observedGeneration": self.run.metadata.generation,
+            }});
+            if self.run.status.as_ref().and_then(|s| s.phase).is_none() {
+                patch["status"]["phase"] = json!(AgentRunPhase::Pending);
+            }
+            self.patch_status(patch, false).await?;
+            self.event(EventType::Warning, "AgentNotFound", message).await;
+        }
+        Ok(Requeue::requeue(self.ctx.config.policy.recheck))
+    }
+
+    async fn ensure_worker_identity(&self, agent: &Agent) -> Result<(), ReconcileError> {
+        if self.run.spec.worker.as_ref().and_then(|w| w.service_account_name.as_ref()).is_some() {
+            return Ok(());
+        }
+        let (account, role, binding) = worker_pod::worker_identity(self.run, agent);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let client = &self.ctx.client;
+        let name = account.name_any();
+        Api::<ServiceAccount>::namespaced(client.clone(), self.ns)
+            .patch(&name, &params, &Patch::Apply(typed(&account, "v1", "ServiceAccount")))
+            .await?;
+        Api::<Role>::namespaced(client.clone(), self.ns)
+            .patch(&name, &params, &Patch::Apply(typed(&role, "rbac.authorization.k8s.io/v1", "Role")))
+            .await?;
+        Api::<RoleBinding>::namespaced(client.clone(), self.ns)
+            .patch(
+                &name,
+                &params,
+                &Patch::Apply(typed(&binding, "rbac.authorization.k8s.io/v1", "RoleBinding")),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn start_step(&self, agent: &Agent, step: u32, attempt: u32) -> Result<Requeue, ReconcileError> {
+        if step == 0 && attempt == 0 {
+            self.ensure_worker_identity(agent).await?;
+        }
+        let pod = decide::worker_pod_name(&self.run.name_any(), step, attempt);
+        let status = self.run.status.clone().unwrap_or_default();
+        let mut patch = json!({"status": {
+            "phase": AgentRunPhase::Running,
+            "step": step,
+            "retries": attempt,
+            "workerPod": pod,
+            "pendingApprovals": 0,
+            "observedGeneration": self.run.metadata.generation,
+            "conditions": self.conditions_with(ConditionStatus::False, "Running", &format!("worker Pod {pod} runs step {step}")),
+        }});
+        if status.started_at.is_none() {
+            patch["status"]["startedAt"] = json!(Time(k8s_openapi::jiff::Timestamp::now()));
+        }
+        if status.created_by.is_none() {
+            if let Some(creator) = self
+                .run
+                .annotations()
+                .get(CREATED_BY_ANNOTATION)
+            {
+                patch["status"]["createdBy"] = json!(creator);
+            }
+        }
+        self.patch_status(patch, true).await?;
+        self.create_pod(step, attempt).await?;
+        Ok(Requeue::await_change())
+    }
+
+    async fn create_pod(&self, step: u32, attempt: u32) -> Result<(), ReconcileError> {
+        let pod = worker_pod::worker_pod(self.run, step, attempt, &self.ctx.config.worker);
+        let name = pod.name_any();
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.ns);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match pods.create(&params, &pod).await {
+            Ok(_) => {
+                let what = if attempt == 0 {
+                    format!("Started worker Pod {name} for step {step}")
+                } else {
+                    format!("Started worker Pod {name} for step {step} (retry {attempt})")
+                };
+                info!(pod = %name, step, attempt, "worker pod created");
+                self.event(EventType::Normal, "WorkerStarted", what).await;
+                Ok(())
+            }
+            // Deterministic names make a repeated create a no-op.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn request_approvals(&self, create: Vec<NewRequest>, pending: u32) -> Result<Requeue, ReconcileError> {
+        let run_name = self.run.name_any();
+        let creator = self.run.status.as_ref().and_then(|s| s.created_by.clone());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for new in &create {
+            let mut request = ApprovalRequest::new(
+                &new.name,
+                ApprovalRequestSpec {
+                    agent_run_ref: AgentRunRef {
+                        name: run_name.clone(),
+                        uid: self.run.uid().unwrap_or_default(),
+                    },
+                    step: self.run.status.as_ref().and_then(|s| s.step).unwrap_or(0),
+                    tool_call_id: new.call.tool_call_id.clone(),
+                    tool_name: new.call.tool_name.clone(),
+                    arguments_digest: crate::crd::arguments_digest(&new.arguments),
+                    arguments: new.arguments.clone(),
+                    run_creator: creator.clone(),
+                    decision: None,
+                    approver_id: None,
+                    reason: None,
+                    message: None,
+                },
+            );
+            request.metadata.namespace = Some(self.ns.to_owned());
+            request.metadata.labels = Some([(RUN_LABEL.to_owned(), worker_pod::label_value(&run_name))].into());
+            request.metadata.owner_references = self.run.controller_owner_ref(&()).map(|o| vec![o]);
+            request.metadata.finalizers = Some(vec![AUDIT_FINALIZER.to_owned()]);
+            let created = self
+                .requests()
+                .patch(&new.name, &params, &Patch::Apply(typed(&request, crate::crd::API_VERSION, "ApprovalRequest")))
+                .await?;
+            let mut status = json!({"status": {"phase": ApprovalPhase::Pending}});
+            if let Some(at) = new.expires_at {
+                status["status"]["expiresAt"] = json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            }
+            self.requests()
+                .patch_status(&new.name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&status))
+                .await?;
+            self.event_on_request(
+                &created,
+                EventType::Normal,
+                "ApprovalRequested",
+                format!(
+                    "Tool call {} ({}) of run {run_name} awaits a decision: kubectl patch apr {} --type merge -p '{{\"spec\":{{\"decision\":\"Approved\",\"approverId\":\"<you>\",\"reason\":\"<why>\"}}}}'",
+                    new.call.tool_name, new.call.tool_call_id, new.name
+                ),
+            )
+            .await;
+        }
+        let status = self.run.status.clone().unwrap_or_default();
+        if status.phase != Some(AgentRunPhase::AwaitingApproval) || status.pending_approvals != Some(pending) {
+            let patch = json!({"status": {
+                "phase": AgentRunPhase::AwaitingApproval,
+                "pendingApprovals": pending,
+                "observedGeneration": self.run.metadata.generation,
+                "conditions": self.conditions_with(ConditionStatus::False, "AwaitingApproval", &format!("{pending} tool call(s) await a decision")),
+            }});
+            self.patch_status(patch, false).await?;
+            self.event(
+                EventType::Normal,
+                "AwaitingApproval",
+                format!("Run halted at step {}: {pending} tool call(s) await approval", status.step.unwrap_or(0)),
+            )
+            .await;
+        }
+        Ok(Requeue::await_change())
+    }
+
+    async fn resume(&self, mut state: crate::state::RunState, decisions: Vec<ResolvedDecision>) -> Result<Requeue, ReconcileError> {
+        let now = Utc::now();
+        let requests = self.requests();
+        let status_params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        for decision in &decisions {
+            let (result, phase) = match &decision.kind {
+                ResolvedKind::Approved { approver_id, reason } => {
+                    let mut a = Approval::new().at(now);
+                    a.approver_id = approver_id.clone();
+                    a.reason = reason.clone();
+                    (state.approve(&decision.tool_call_id, a), ApprovalPhase::Approved)
+                }
+                ResolvedKind::Rejected { approver_id, reason, message } => {
+                    let mut r = Rejection::new().at(now);
+                    r.approver_id = approver_id.clone();
+                    r.reason = reason.clone();
+                    r.message = message.clone();
+                    (state.reject(&decision.tool_call_id, r), ApprovalPhase::Rejected)
+                }
+                ResolvedKind::Expired => (
+                    state.reject(&decision.tool_call_id, Rejection::new().message(EXPIRED_MESSAGE).reason("expired").at(now)),
+                    ApprovalPhase::Expired,
+                ),
+                ResolvedKind::Superseded { why } => (
+                    state.reject(
+                        &decision.tool_call_id,
+                        Rejection::new().message(SUPERSEDED_MESSAGE).reason(format!("superseded: {why}")).at(now),
+                    ),
+                    ApprovalPhase::Superseded,
+                ),
+            };
+            result.map_err(|e| ReconcileError::Decision {
+                request: decision.request.clone(),
+                message: e.to_string(),
+            })?;
+            let patch = json!({"status": {
+                "phase": phase,
+                "decidedAt": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            }});
+            let request = requests.patch_status(&decision.request, &status_params, &Patch::Merge(&patch)).await?;
+            let (type_, reason, note) = match &decision.kind {
+                ResolvedKind::Approved { approver_id, reason } => (
+                    EventType::Normal,
+                    "Approved",
+                    format!("Approved by {}: {}", approver_id.as_deref().unwrap_or("unknown"), reason.as_deref().unwrap_or("no reason given")),
+                ),
+                ResolvedKind::Rejected { approver_id, reason, .. } => (
+                    EventType::Normal,
+                    "Rejected",
+                    format!("Rejected by {}: {}", approver_id.as_deref().unwrap_or("unknown"), reason.as_deref().unwrap_or("no reason given")),
+                ),
+                ResolvedKind::Expired => (EventType::Warning, "Expired", format!("Approval of {} timed out; treated as rejected", decision.tool_call_id)),
+                ResolvedKind::Superseded { why } => (EventType::Warning, "Superseded", format!("Decision on {} refused: {why}", decision.request)),
+            };
+            self.event_on_request(&request, type_, reason, note.clone()).await;
+            self.event(type_, reason, format!("{} ({})", note, decision.tool_call_id)).await;
+        }
+        let step = self.run.status.as_ref().and_then(|s| s.step).unwrap_or(0) + 1;
+        let pod = decide::worker_pod_name(&self.run.name_any(), step, 0);
+        let stored = StoredState::encode(&state);
+        let mut status = stored.status_fields();
+        status["phase"] = json!(AgentRunPhase::Running);
+        status["step"] = json!(step);
+        status["retries"] = json!(0);
+        status["pendingApprovals"] = json!(0);
+        status["workerPod"] = json!(pod);
+        status["observedGeneration"] = json!(self.run.metadata.generation);
+        status["conditions"] = self.conditions_with(ConditionStatus::False, "Running", &format!("resumed in worker Pod {pod} at step {step}"));
+        // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
+        self.patch_status(json!({"status": status}), true).await?;
+        self.create_pod(step, 0).await?;
+        self.event(EventType::Normal, "Resumed", format!("Resumed at step {step} after {} decision(s)", decisions.len()))
+            .await;
+        Ok(Requeue::await_change())
+    }
+
+    async fn succeed(&self, output: String) -> Result<Requeue, ReconcileError> {
+        let patch = json!({"status": {
+            "phase": AgentRunPhase::Succeeded,
+            "finalOutput": truncate(&output, crate::crd::agent_run::MAX_FINAL_OUTPUT_LENGTH),
+            "completedAt": Time(k8s_openapi::jiff::Timestamp::now()),
+            "pendingApprovals": 0,
+            "observedGeneration": self.run.metadata.generation,
+            "conditions": self.conditions_with(ConditionStatus::True, "Succeeded", "the run finished"),
+        }});
+        self.patch_status(patch, false).await?;
+        self.event(EventType::Normal, "Succeeded", format!("Run finished: {}", truncate(&output, 200))).await;
+        Ok(Requeue::await_change())
+    }
+
+    async fn fail(&self, reason: &str, message: &str) -> Result<Requeue, ReconcileError> {
+        let patch = json!({"status": {
+            "phase": AgentRunPhase::Failed,
+            "completedAt": Time(k8s_openapi::jiff::Timestamp::now()),
+            "observedGeneration": self.run.metadata.generation,
+            "conditions": self.conditions_with(ConditionStatus::False, reason, message),
+        }});
+        self.patch_status(patch, false).await?;
+        self.event(EventType::Warning, "Failed", format!("{reason}: {message}")).await;
+        Ok(Requeue::await_change())
+    }
+}
+
+/// Cleanup on delete: release the run's ApprovalRequests so the garbage collector can remove
+/// them with the run (until then their finalizer keeps the decision record).
+async fn cleanup(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileError> {
+    let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let api: Api<ApprovalRequest> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = format!("{RUN_LABEL}={}", worker_pod::label_value(&run.name_any()));
+    for request in api.list(&ListParams::default().labels(&selector)).await? {
+        let finalizers: Vec<String> = request
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != AUDIT_FINALIZER)
+            .cloned()
+            .collect();
+        if finalizers.len() != request.finalizers().len() {
+            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": request.resource_version()}});
+            api.patch(&request.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+    }
+    Ok(Requeue::await_change())
+}
+
+/// An object as a server-side apply body (with its apiVersion and kind).
+fn typed<T: serde::Serialize>(object: &T, api_version: &str, kind: &str) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    value["apiVersion"] = json!(api_version);
+    value["kind"] = json!(kind);
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+        meta.remove("resourceVersion");
+    }
+    value
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}

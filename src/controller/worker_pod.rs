@@ -1,0 +1,329 @@
+//! Pure builders of a run's worker objects: the worker Pod of a step, and the per-run service
+//! account with the narrowest rights a worker needs (read its run and Agent and the Secret the
+//! Agent names; patch only its own run's status).
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use crate::crd::{Agent, AgentRun};
+
+/// Label every worker object carries, so the dev kubelet and selectors find them.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "agentrun");
+/// Label naming the run an object belongs to.
+pub const RUN_LABEL: &str = "agentrun.dev/run";
+/// Label naming the step a worker Pod runs.
+pub const STEP_LABEL: &str = "agentrun.dev/step";
+
+/// What the worker Pods are built from.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// The default worker image (an AgentRun may override it).
+    pub image: String,
+    /// `imagePullPolicy` of the worker container.
+    pub image_pull_policy: Option<String>,
+    /// Extra environment for the worker (e.g. `RUST_LOG`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            image: format!("ghcr.io/agentrun-dev/agentrun:{}", env!("CARGO_PKG_VERSION")),
+            image_pull_policy: None,
+            env: vec![],
+        }
+    }
+}
+
+/// The name of a run's worker service account (and its Role and RoleBinding).
+pub fn worker_account_name(run: &str) -> String {
+    let suffix = "-worker";
+    if run.len() + suffix.len() <= 253 {
+        format!("{run}{suffix}")
+    } else {
+        format!("{}{suffix}", &run[..253 - suffix.len()])
+    }
+}
+
+fn labels(run: &AgentRun) -> std::collections::BTreeMap<String, String> {
+    [
+        (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+        (RUN_LABEL.to_owned(), label_value(&run.name_any())),
+    ]
+    .into()
+}
+
+/// A label value for a run name (names longer than a label allows are cut and hashed).
+pub fn label_value(name: &str) -> String {
+    if name.len() <= 63 {
+        name.to_owned()
+    } else {
+        let digest = crate::run_status::sha256_hex(name.as_bytes());
+        format!("{}-{}", &name[..52], &digest[..10])
+    }
+}
+
+fn owned_meta(run: &AgentRun, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: run.namespace(),
+        labels: Some(labels(run)),
+        owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+/// The service account a run's workers use: the override, or the per-run account.
+pub fn service_account_for(run: &AgentRun) -> String {
+    run.spec
+        .worker
+        .as_ref()
+        .and_then(|w| w.service_account_name.clone())
+        .unwrap_or_else(|| worker_account_name(&run.name_any()))
+}
+
+/// The worker Pod of `step` (attempt `attempt`) of `run`.
+pub fn worker_pod(run: &AgentRun, step: u32, attempt: u32, settings: &WorkerSettings) -> Pod {
+    let name = super::decide::worker_pod_name(&run.name_any(), step, attempt);
+    let mut meta = owned_meta(run, name);
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .insert(STEP_LABEL.to_owned(), step.to_string());
+    let overrides = run.spec.worker.clone().unwrap_or_default();
+    let image = overrides.image.clone().unwrap_or_else(|| settings.image.clone());
+    let resources = overrides.resources.clone().unwrap_or_else(|| ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_owned(), Quantity("50m".into())),
+                ("memory".to_owned(), Quantity("64Mi".into())),
+            ]
+            .into(),
+        ),
+        limits: Some([("memory".to_owned(), Quantity("512Mi".into()))].into()),
+        ..Default::default()
+    });
+    let mut env: Vec<EnvVar> = settings
+        .env
+        .iter()
+        .map(|(k, v)| EnvVar {
+            name: k.clone(),
+            value: Some(v.clone()),
+            ..Default::default()
+        })
+        .collect();
+    env.push(EnvVar {
+        name: "AGENTRUN_WORKER_POD".into(),
+        value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
+            field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    Pod {
+        metadata: meta,
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            service_account_name: Some(service_account_for(run)),
+            automount_service_account_token: Some(true),
+            enable_service_links: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(65532),
+                run_as_group: Some(65532),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            containers: vec![Container {
+                name: "worker".into(),
+                image: Some(image),
+                image_pull_policy: settings.image_pull_policy.clone(),
+                command: Some(vec!["agentrun".into()]),
+                args: Some(vec![
+                    "worker".into(),
+                    "--namespace".into(),
+                    run.namespace().unwrap_or_default(),
+                    "--run".into(),
+                    run.name_any(),
+                    "--step".into(),
+                    step.to_string(),
+                ]),
+                env: Some(env),
+                resources: Some(resources),
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
+                    run_as_non_root: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".into()]),
+                        ..Default::default()
+                    }),
+                    seccomp_profile: Some(SeccompProfile {
+                        type_: "RuntimeDefault".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The per-run worker identity: a ServiceAccount, a Role granting exactly what the worker needs
+/// for this run, and the RoleBinding between them.
+pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, RoleBinding) {
+    let name = worker_account_name(&run.name_any());
+    let account = ServiceAccount {
+        metadata: owned_meta(run, name.clone()),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    };
+    let mut rules = vec![
+        PolicyRule {
+            api_groups: Some(vec![crate::crd::GROUP.into()]),
+            resources: Some(vec!["agentruns".into()]),
+            resource_names: Some(vec![run.name_any()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec![crate::crd::GROUP.into()]),
+            resources: Some(vec!["agentruns/status".into()]),
+            resource_names: Some(vec![run.name_any()]),
+            verbs: vec!["get".into(), "patch".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec![crate::crd::GROUP.into()]),
+            resources: Some(vec!["agents".into()]),
+            resource_names: Some(vec![run.spec.agent_ref.name.clone()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        },
+    ];
+    if let Some(secret) = agent.spec.model.api_key_secret_ref.as_ref() {
+        rules.push(PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(vec![secret.name.clone()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        });
+    }
+    let role = Role {
+        metadata: owned_meta(run, name.clone()),
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: owned_meta(run, name.clone()),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name,
+            namespace: run.namespace(),
+            ..Default::default()
+        }]),
+    };
+    (account, role, binding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{AgentRef, AgentRunSpec, WorkerOverrides};
+
+    fn run() -> AgentRun {
+        let mut run = AgentRun::new(
+            "r1",
+            AgentRunSpec {
+                agent_ref: AgentRef { name: "ops".into() },
+                input: "hi".into(),
+                worker: None,
+            },
+        );
+        run.metadata.namespace = Some("team".into());
+        run.metadata.uid = Some("uid-1".into());
+        run
+    }
+
+    #[test]
+    fn the_worker_pod_is_restricted_and_owned_by_its_run() {
+        let pod = worker_pod(&run(), 2, 0, &WorkerSettings::default());
+        assert_eq!(pod.metadata.name.as_deref(), Some("r1-step-2"));
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("AgentRun", "uid-1", Some(true)));
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "agentrun");
+        assert_eq!(labels[RUN_LABEL], "r1");
+        assert_eq!(labels[STEP_LABEL], "2");
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.service_account_name.as_deref(), Some("r1-worker"));
+        let c = &spec.containers[0];
+        assert_eq!(
+            c.args.as_ref().unwrap(),
+            &["worker", "--namespace", "team", "--run", "r1", "--step", "2"]
+        );
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
+        assert_eq!(spec.security_context.unwrap().run_as_non_root, Some(true));
+    }
+
+    #[test]
+    fn retries_get_their_own_pod_name() {
+        let pod = worker_pod(&run(), 0, 2, &WorkerSettings::default());
+        assert_eq!(pod.metadata.name.as_deref(), Some("r1-step-0-r2"));
+    }
+
+    #[test]
+    fn overrides_replace_image_and_service_account() {
+        let mut r = run();
+        r.spec.worker = Some(WorkerOverrides {
+            image: Some("example.com/agentrun:dev".into()),
+            resources: None,
+            service_account_name: Some("custom".into()),
+        });
+        let pod = worker_pod(&r, 0, 0, &WorkerSettings::default());
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("custom"));
+        assert_eq!(spec.containers[0].image.as_deref(), Some("example.com/agentrun:dev"));
+    }
+
+    #[test]
+    fn the_worker_role_names_exactly_its_run_agent_and_secret() {
+        let agent: Agent = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "Agent",
+            "metadata": {"name": "ops", "namespace": "team"},
+            "spec": {"model": {"baseUrl": "http://m", "name": "x", "apiKeySecretRef": {"name": "openai", "key": "token"}}}
+        }))
+        .unwrap();
+        let (_, role, binding) = worker_identity(&run(), &agent);
+        let rules = role.rules.unwrap();
+        let names: Vec<_> = rules.iter().map(|r| r.resource_names.clone().unwrap()).collect();
+        assert_eq!(names, [vec!["r1".to_string()], vec!["r1".into()], vec!["ops".into()], vec!["openai".into()]]);
+        assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
+        assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
+    }
+}

@@ -1,0 +1,171 @@
+//! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from its
+//! `Agent` (reading the API key from the Secret the Agent names), loads the RunState from the run's
+//! status, runs the agent loop until it halts for approval or finishes, and writes the new state
+//! back — only if the run is still at the step it was started for.
+
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Secret;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::agent::{ApiKey, Runner, RunStatus};
+use crate::crd::{Agent, AgentRun};
+use crate::run_status::{self, StoredState};
+use crate::state::RunState;
+
+/// The field manager of the worker's status writes.
+pub const FIELD_MANAGER: &str = "agentrun-worker";
+
+/// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
+/// message, which the controller copies into the run's condition.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A Kubernetes API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The run's Agent does not exist.
+    #[error("Agent {0} not found")]
+    AgentNotFound(String),
+    /// The Agent's spec cannot be used.
+    #[error("{0}")]
+    Agent(#[from] crate::agent::AgentError),
+    /// The Secret holding the model API key is missing or lacks the key.
+    #[error("Secret {name}: {problem}")]
+    Secret {
+        /// The Secret's name.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The stored RunState cannot be read.
+    #[error("{0}")]
+    State(#[from] run_status::StoredStateError),
+    /// The run moved on while this worker ran: its result is not written.
+    #[error("the run is at step {current}, not step {expected}: this worker's result is discarded")]
+    StaleStep {
+        /// The step this worker was started for.
+        expected: u32,
+        /// The step the run is at.
+        current: u32,
+    },
+    /// The agent loop failed.
+    #[error("{0}")]
+    Run(#[from] crate::agent::RunError),
+}
+
+/// How a step ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepResult {
+    /// The run finished.
+    Completed,
+    /// The run halted; this many calls await a decision.
+    AwaitingApproval(usize),
+}
+
+/// Runs step `step` of run `name` in `namespace`.
+pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) -> Result<StepResult, WorkerError> {
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), namespace);
+    let run = runs.get(name).await?;
+    let status = run.status.clone().unwrap_or_default();
+    let current = status.step.unwrap_or(0);
+    if current != step {
+        return Err(WorkerError::StaleStep { expected: step, current });
+    }
+    let agents: Api<Agent> = Api::namespaced(client.clone(), namespace);
+    let agent_name = run.spec.agent_ref.name.clone();
+    let resource = agents
+        .get_opt(&agent_name)
+        .await?
+        .ok_or_else(|| WorkerError::AgentNotFound(agent_name.clone()))?;
+    let mut agent = crate::agent::Agent::from_spec_with_name(&agent_name, &resource.spec)?;
+    if let Some(secret_ref) = resource.spec.model.api_key_secret_ref.as_ref() {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let secret = secrets.get_opt(&secret_ref.name).await?.ok_or_else(|| WorkerError::Secret {
+            name: secret_ref.name.clone(),
+            problem: "not found".into(),
+        })?;
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&secret_ref.key))
+            .ok_or_else(|| WorkerError::Secret {
+                name: secret_ref.name.clone(),
+                problem: format!("has no key {}", secret_ref.key),
+            })?;
+        let key = String::from_utf8(bytes.0.clone()).map_err(|_| WorkerError::Secret {
+            name: secret_ref.name.clone(),
+            problem: format!("key {} is not UTF-8", secret_ref.key),
+        })?;
+        agent = agent.with_api_key(ApiKey::new(key.trim().to_owned()));
+    } else if agent.model().api_key_env().is_some() {
+        agent = agent.with_api_key_from_env()?;
+    }
+
+    let loaded_digest = status.run_state_digest.clone();
+    let mut state = match run_status::decode(&status)? {
+        Some(state) => state,
+        None => RunState::new(run.uid().unwrap_or_default(), agent_name.clone(), run.spec.input.clone()),
+    };
+    let runner = Runner::new()?;
+    info!(run = %name, step, "running step");
+    let outcome = runner.step(&agent, &mut state).await;
+    let status = match outcome {
+        Ok(status) => status,
+        Err(error) => {
+            // Keep the progress made before the failure (model answers, tool results), so the
+            // retry does not redo it; the error still fails this step.
+            if let Err(write_error) = write_state(&runs, name, step, loaded_digest.as_deref(), &state).await {
+                warn!(error = %write_error, "could not save the partial state");
+            }
+            return Err(error.into());
+        }
+    };
+    write_state(&runs, name, step, loaded_digest.as_deref(), &state).await?;
+    Ok(match status {
+        RunStatus::Completed => StepResult::Completed,
+        RunStatus::AwaitingApproval => StepResult::AwaitingApproval(state.pending_approvals().len()),
+    })
+}
+
+/// Writes the state, guarded by resourceVersion; on a conflict it re-reads the run and writes
+/// again only if the run is still at `step` with the state this worker loaded.
+async fn write_state(
+    runs: &Api<AgentRun>,
+    name: &str,
+    step: u32,
+    loaded_digest: Option<&str>,
+    state: &RunState,
+) -> Result<(), WorkerError> {
+    let stored = StoredState::encode(state);
+    let mut status = stored.status_fields();
+    if let Some(output) = &state.final_output {
+        status["finalOutput"] = json!(output);
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    for attempt in 0..5 {
+        let run = runs.get(name).await?;
+        let current = run.status.clone().unwrap_or_default();
+        let current_step = current.step.unwrap_or(0);
+        if current_step != step || current.run_state_digest.as_deref() != loaded_digest {
+            return Err(WorkerError::StaleStep { expected: step, current: current_step });
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": run.resource_version()},
+            "status": status,
+        });
+        match runs.patch_status(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(WorkerError::StaleStep { expected: step, current: step })
+}

@@ -1,0 +1,492 @@
+//! End-to-end tests of the operator against the real control plane: the controller and the dev
+//! kubelet run in this process (the dev kubelet starts real `agentrun worker` processes with tokens
+//! minted for the run's service account), people act through real `kubectl` with their own tokens,
+//! and the model and tools are real HTTP servers on loopback.
+
+mod support;
+
+use std::time::Duration;
+
+use agentrun::controller::{self, ControllerConfig, decide::Policy};
+use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
+use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
+use agentrun::state::RunState;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::Kubeconfig;
+use serde_json::json;
+use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
+use support::model_server::{ModelServer, Reply};
+use support::tool_server::ToolServer;
+
+/// The controller and dev kubelet of one test, scoped to its namespace; stopped on drop.
+struct Operator {
+    controller: tokio::task::JoinHandle<()>,
+    kubelet: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.controller.abort();
+        self.kubelet.abort();
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        max_retries: 2,
+        retry_backoff: Duration::from_millis(200),
+        recheck: Duration::from_secs(2),
+    }
+}
+
+async fn start_controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> {
+    let client = cp.client(Identity::Admin).await;
+    let config = ControllerConfig {
+        namespace: Some(ns.to_owned()),
+        policy: policy(),
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        controller::run(client, config).await.expect("controller");
+    })
+}
+
+async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    cp.install_crds().await;
+    grant_approvers(cp, &ns.name);
+    let controller = start_controller(cp, &ns.name).await;
+    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).unwrap();
+    let config = DevKubeletConfig {
+        agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),
+        namespace: Some(ns.name.clone()),
+        work_dir: std::env::temp_dir().join(format!("agentrun-e2e-{}", ns.name)),
+        cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
+    };
+    let client = cp.client(Identity::Admin).await;
+    let kubelet = tokio::spawn(async move {
+        dev_kubelet::run(client, config).await.expect("dev kubelet");
+    });
+    Operator { controller, kubelet }
+}
+
+/// alice and bob may read and decide ApprovalRequests in the namespace.
+fn grant_approvers(cp: &ControlPlane, ns: &str) {
+    let yaml = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: approvers, namespace: {ns}}}
+rules:
+- apiGroups: [agentrun.dev]
+  resources: [approvalrequests]
+  verbs: [get, list, watch, patch]
+- apiGroups: [agentrun.dev]
+  resources: [agentruns]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: approvers, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
+subjects: [{{kind: Group, name: "agentrun:approvers"}}]
+"#
+    );
+    assert_success(
+        &cp.kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&yaml)),
+        "grant approvers",
+    );
+}
+
+fn apply(cp: &ControlPlane, identity: Identity, yaml: &str) {
+    assert_success(
+        &cp.kubectl_with_stdin(identity, &["apply", "-f", "-"], Some(yaml)),
+        "kubectl apply",
+    );
+}
+
+fn agent_yaml(ns: &str, name: &str, model: serde_json::Value, tools: &ToolServer) -> String {
+    let agent = json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "instructions": "You are an operations agent. Be careful.",
+            "model": model,
+            "maxTurns": 10,
+            "tools": [
+                {"name": "delete_user", "description": "Delete a user", "requiresApproval": true,
+                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]},
+                 "http": {"url": tools.url("/delete_user"), "timeoutSeconds": 10}},
+                {"name": "lookup_user", "description": "Look a user up", "requiresApproval": false,
+                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}},
+                 "http": {"url": tools.url("/lookup_user"), "timeoutSeconds": 10}}
+            ]
+        }
+    });
+    serde_json::to_string(&agent).unwrap()
+}
+
+fn run_yaml(ns: &str, name: &str, agent: &str, input: &str) -> String {
+    serde_json::to_string(&json!({
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"agentRef": {"name": agent}, "input": input}
+    }))
+    .unwrap()
+}
+
+fn openai_model(server: &ModelServer) -> serde_json::Value {
+    json!({"baseUrl": server.base_url(), "name": "test-model", "maxRetries": 0, "timeoutSeconds": 10})
+}
+
+async fn wait_for_phase(cp: &ControlPlane, ns: &str, run: &str, phase: AgentRunPhase) -> AgentRun {
+    let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let current = api.get(run).await.expect("get run");
+        let status = current.status.clone().unwrap_or_default();
+        if status.phase == Some(phase) {
+            return current;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let out = cp.kubectl(Identity::Admin, &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+            panic!(
+                "run {run} did not reach {phase:?}; status: {}\nevents:\n{}",
+                serde_json::to_string_pretty(&status).unwrap(),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn requests_of(cp: &ControlPlane, ns: &str, run: &str) -> Vec<ApprovalRequest> {
+    let api: Api<ApprovalRequest> = Api::namespaced(cp.client(Identity::Admin).await, ns);
+    let mut list = api
+        .list(&ListParams::default().labels(&format!("agentrun.dev/run={run}")))
+        .await
+        .unwrap()
+        .items;
+    list.sort_by(|a, b| a.spec.tool_call_id.cmp(&b.spec.tool_call_id));
+    list
+}
+
+fn decide(cp: &ControlPlane, identity: Identity, ns: &str, request: &str, patch: serde_json::Value) {
+    let out = cp.kubectl(
+        identity,
+        &["patch", "apr", request, "-n", ns, "--type", "merge", "-p", &patch.to_string()],
+    );
+    assert_success(&out, "kubectl patch apr");
+}
+
+fn state_of(run: &AgentRun) -> RunState {
+    RunState::from_json(run.status.as_ref().unwrap().run_state.as_deref().unwrap()).unwrap()
+}
+
+async fn pods_of(cp: &ControlPlane, ns: &str) -> Vec<String> {
+    let api: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, ns);
+    let mut names: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every request body the model received, as text: `reason` and `approverId` must never be there.
+fn assert_model_never_saw(model: &ModelServer, secrets: &[&str]) {
+    for request in model.requests() {
+        let body = request.json().to_string();
+        for secret in secrets {
+            assert!(!body.contains(secret), "the model received {secret:?}: {body}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_then_the_tool_runs_once_and_the_audit_holds_alice() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-approve").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    model.push(Reply::tool_calls(&[("call_TX_9", "delete_user", json!({"user_id": "u-1"}))]));
+    model.push(Reply::text("User u-1 deleted."));
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"));
+
+    let halted = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    assert_eq!(halted.status.as_ref().unwrap().pending_approvals, Some(1));
+    assert!(tools.requests().is_empty(), "nothing runs before approval");
+    let requests = requests_of(cp, &ns.name, "r1").await;
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    assert_eq!(request.spec.tool_call_id, "call_TX_9");
+    assert_eq!(request.spec.tool_name, "delete_user");
+    assert_eq!(request.spec.arguments, r#"{"user_id": "u-1"}"#);
+    let name = request.metadata.name.clone().unwrap();
+    assert!(name.starts_with("r1-call-tx-9"), "{name}");
+
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "authorized per change CR-1234"}}),
+    );
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(status.final_output.as_deref(), Some("User u-1 deleted."));
+    assert_eq!(tools.calls_with_key("call_TX_9"), 1);
+    assert_eq!(tools.requests_to("/delete_user")[0].json(), json!({"user_id": "u-1"}));
+    let state = state_of(&done);
+    let audit = &state.approval_metadata["call_TX_9"];
+    assert_eq!(audit.approver_id.as_deref(), Some("alice@example.com"));
+    assert_eq!(audit.reason.as_deref(), Some("authorized per change CR-1234"));
+    assert_eq!(state.approved_tools, vec!["call_TX_9".to_string()]);
+    assert_model_never_saw(&model, &["authorized per change CR-1234", "alice@example.com"]);
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
+    let apr = requests_of(cp, &ns.name, "r1").await;
+    assert_eq!(apr[0].status.as_ref().unwrap().phase, Some(agentrun::crd::ApprovalPhase::Approved));
+    let events = cp.kubectl(Identity::Admin, &["get", "events", "-n", &ns.name, "-o", "json"]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("Approved by alice@example.com: authorized per change CR-1234"), "{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_tells_the_model_the_message_never_the_reason() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-reject").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    model.push(Reply::tool_calls(&[("call_1", "delete_user", json!({"user_id": "u-1"}))]));
+    model.push(Reply::text("I could not delete the user."));
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"));
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let name = requests_of(cp, &ns.name, "r1").await[0].metadata.name.clone().unwrap();
+    decide(
+        cp,
+        Identity::Bob,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Rejected", "approverId": "bob@example.com",
+                        "reason": "policy violation: tier-0 write", "message": "Not authorized for this resource"}}),
+    );
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    assert!(tools.requests().is_empty(), "a rejected tool never runs");
+    let last = model.requests().last().unwrap().json().to_string();
+    assert!(last.contains("Not authorized for this resource"), "{last}");
+    assert_model_never_saw(&model, &["policy violation: tier-0 write", "bob@example.com"]);
+    let state = state_of(&done);
+    assert_eq!(state.rejected_tools[0].message.as_deref(), Some("Not authorized for this resource"));
+    assert_eq!(state.approval_metadata["call_1"].reason.as_deref(), Some("policy violation: tier-0 write"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_calls_in_one_halt_then_a_second_halt() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-two").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    model.push(Reply::tool_calls(&[
+        ("call_a", "delete_user", json!({"user_id": "u-1"})),
+        ("call_b", "delete_user", json!({"user_id": "u-2"})),
+    ]));
+    model.push(Reply::tool_calls(&[("call_c", "delete_user", json!({"user_id": "u-3"}))]));
+    model.push(Reply::text("Deleted u-1 and u-3; u-2 was refused."));
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete u-1, u-2, u-3"));
+
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let requests = requests_of(cp, &ns.name, "r1").await;
+    assert_eq!(requests.len(), 2);
+    let approve = json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}});
+    decide(cp, Identity::Alice, &ns.name, requests[0].metadata.name.as_deref().unwrap(), approve.clone());
+    // One decision is not enough: the run keeps waiting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
+    assert_eq!(api.get("r1").await.unwrap().status.unwrap().phase, Some(AgentRunPhase::AwaitingApproval));
+    decide(
+        cp,
+        Identity::Bob,
+        &ns.name,
+        requests[1].metadata.name.as_deref().unwrap(),
+        json!({"spec": {"decision": "Rejected", "approverId": "bob@example.com", "reason": "not this one", "message": "u-2 must stay"}}),
+    );
+
+    // The second halt.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let third = loop {
+        let list = requests_of(cp, &ns.name, "r1").await;
+        if let Some(r) = list.into_iter().find(|r| r.spec.tool_call_id == "call_c") {
+            break r;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no second halt");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(third.spec.step, 1);
+    decide(cp, Identity::Alice, &ns.name, third.metadata.name.as_deref().unwrap(), approve);
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    assert_eq!(tools.calls_with_key("call_a"), 1);
+    assert_eq!(tools.calls_with_key("call_b"), 0);
+    assert_eq!(tools.calls_with_key("call_c"), 1);
+    let state = state_of(&done);
+    assert_eq!(state.approval_metadata.len(), 3);
+    assert_eq!(done.status.unwrap().step, Some(2));
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1", "r1-step-2"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_needing_no_approval_finishes_in_one_step() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-noapproval").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "lookup_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "u-1 exists."}
+    ]}});
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Is u-1 there?"));
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    assert_eq!(done.status.as_ref().unwrap().final_output.as_deref(), Some("u-1 exists."));
+    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert!(requests_of(cp, &ns.name, "r1").await.is_empty());
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_fails_once_is_retried() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-retry").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    model.push(Reply::garbage());
+    model.push(Reply::text("Hello."));
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Say hello"));
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.final_output.as_deref(), Some("Hello."));
+    assert_eq!(status.retries, Some(1));
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-0-r1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_keeps_failing_fails_the_run_with_its_error() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-fail").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    for _ in 0..3 {
+        model.push(Reply::status(401, "invalid api key"));
+    }
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Say hello"));
+    let failed = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Failed).await;
+    let condition = failed.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(condition.reason, "WorkerFailed");
+    assert!(condition.message.contains("401"), "{}", condition.message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-restart").await;
+    let mut operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete u-1"));
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+
+    operator.controller.abort();
+    let name = requests_of(cp, &ns.name, "r1").await[0].metadata.name.clone().unwrap();
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    operator.controller = start_controller(cp, &ns.name).await;
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
+    assert_eq!(requests_of(cp, &ns.name, "r1").await.len(), 1);
+    assert_eq!(state_of(&done).approval_metadata["call_1"].approver_id.as_deref(), Some("alice@example.com"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-malformed").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "bad", "ops", "Delete u-1"));
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "good", "ops", "Delete u-1"));
+    wait_for_phase(cp, &ns.name, "bad", AgentRunPhase::AwaitingApproval).await;
+    wait_for_phase(cp, &ns.name, "good", AgentRunPhase::AwaitingApproval).await;
+
+    let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
+    let garbage = r#"{"run_id": "x", "messages": "not a list"}"#;
+    api.patch_status(
+        "bad",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"runState": garbage, "runStateDigest": agentrun::run_status::sha256_hex(garbage.as_bytes())}})),
+    )
+    .await
+    .unwrap();
+    for run in ["bad", "good"] {
+        let name = requests_of(cp, &ns.name, run).await[0].metadata.name.clone().unwrap();
+        decide(
+            cp,
+            Identity::Alice,
+            &ns.name,
+            &name,
+            json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
+        );
+    }
+    let failed = wait_for_phase(cp, &ns.name, "bad", AgentRunPhase::Failed).await;
+    let condition = failed.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(condition.reason, "InvalidRunState");
+    assert!(condition.message.contains("messages"), "{}", condition.message);
+    wait_for_phase(cp, &ns.name, "good", AgentRunPhase::Succeeded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_of_a_missing_agent_says_so_and_starts_when_it_appears() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-noagent").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "later", "hi"));
+    let pending = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Pending).await;
+    let condition = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(condition.reason, "AgentNotFound");
+    assert!(condition.message.contains("Agent later not found"), "{}", condition.message);
+    let scripted = json!({"scripted": {"turns": [{"content": "hello"}]}});
+    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "later", scripted, &tools));
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+}

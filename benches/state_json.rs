@@ -36,11 +36,61 @@ impl Lcg {
     }
 }
 
+/// Everyday words: most of the text.
 const WORDS: &[&str] = &[
-    "the", "user", "account", "delete", "request", "policy", "approved", "cluster", "namespace",
-    "deployment", "rollback", "incident", "ticket", "customer", "invoice", "refund", "please",
-    "confirm", "résumé", "café", "naïve", "Zürich", "日本語", "中文", "données", "🙂", "🚀", "—",
-    "“quoted”", "tab\there", "line\nbreak", "C:\\path", "\"json\"", "100%", "$42.50", "e-mail",
+    "the",
+    "user",
+    "account",
+    "delete",
+    "request",
+    "policy",
+    "approved",
+    "cluster",
+    "namespace",
+    "deployment",
+    "rollback",
+    "incident",
+    "ticket",
+    "customer",
+    "invoice",
+    "refund",
+    "please",
+    "confirm",
+    "and",
+    "for",
+    "with",
+    "this",
+    "that",
+    "from",
+    "status",
+    "error",
+    "service",
+    "config",
+    "version",
+    "after",
+];
+
+/// Words that need escaping in `ensure_ascii` JSON: non-ASCII (2-, 3- and 4-byte UTF-8),
+/// control characters, quotes and backslashes. About one word in eight.
+const SPECIAL_WORDS: &[&str] = &[
+    "résumé",
+    "café",
+    "naïve",
+    "Zürich",
+    "日本語",
+    "中文",
+    "données",
+    "🙂",
+    "🚀",
+    "—",
+    "“quoted”",
+    "tab\there",
+    "line\nbreak",
+    "C:\\path",
+    "\"json\"",
+    "100%",
+    "$42.50",
+    "e-mail",
 ];
 
 fn sentence(rng: &mut Lcg, words: usize) -> String {
@@ -49,20 +99,34 @@ fn sentence(rng: &mut Lcg, words: usize) -> String {
         if i > 0 {
             s.push(' ');
         }
-        s.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
+        let pool = if rng.below(8) == 0 {
+            SPECIAL_WORDS
+        } else {
+            WORDS
+        };
+        s.push_str(pool[rng.below(pool.len() as u64) as usize]);
     }
     s
 }
 
 fn args(rng: &mut Lcg, depth: u32) -> Value {
     let mut d = pyjson::Dict::new();
-    d.insert("user_id".into(), Value::from(format!("u-{}", rng.below(100_000))));
+    d.insert(
+        "user_id".into(),
+        Value::from(format!("u-{}", rng.below(100_000))),
+    );
     d.insert("reason".into(), Value::from(sentence(rng, 6)));
     d.insert("dry_run".into(), Value::Bool(rng.below(2) == 0));
     d.insert("limit".into(), Value::from(rng.below(1000) as i64));
-    d.insert("threshold".into(), Value::Float(rng.below(10_000) as f64 / 7.0));
+    d.insert(
+        "threshold".into(),
+        Value::Float(rng.below(10_000) as f64 / 7.0),
+    );
     if depth < 2 {
-        d.insert("filters".into(), Value::List(vec![args(rng, depth + 1), Value::Null]));
+        d.insert(
+            "filters".into(),
+            Value::List(vec![args(rng, depth + 1), Value::Null]),
+        );
     }
     Value::Dict(d)
 }
@@ -73,19 +137,24 @@ fn build_state(target: usize) -> RunState {
     let mut state = RunState::new("run-bench-0001", "ops-agent", sentence(&mut rng, 12));
     state.messages.push(Value::from_iter([
         ("role", Value::from("system")),
-        ("content", Value::from("You are a careful operations agent.")),
+        (
+            "content",
+            Value::from("You are a careful operations agent."),
+        ),
     ]));
     let mut size = 0;
     let mut n = 0u64;
     while size < target {
         n += 1;
         let id = format!("call_{n:06}");
-        let user_words = 5 + rng.below(60) as usize;
+        // Keep single messages small when the whole state is small.
+        let scale = (target / 1024).clamp(1, 8) as u64;
+        let user_words = 3 + rng.below(8 * scale) as usize;
         state.messages.push(Value::from_iter([
             ("role", Value::from("user")),
             ("content", Value::from(sentence(&mut rng, user_words))),
         ]));
-        let call_args = args(&mut rng, 0);
+        let call_args = args(&mut rng, if target < 8 << 10 { 2 } else { 0 });
         let arguments = pyjson::dumps(&call_args).expect("finite args");
         state.messages.push(Value::from_iter([
             ("role", Value::from("assistant")),
@@ -105,18 +174,21 @@ fn build_state(target: usize) -> RunState {
                 ])]),
             ),
         ]));
-        let tool_words = 20 + rng.below(150) as usize;
+        let tool_words = 5 + rng.below(20 * scale) as usize;
         state.messages.push(Value::from_iter([
             ("role", Value::from("tool")),
             ("tool_call_id", Value::from(id.as_str())),
             ("content", Value::from(sentence(&mut rng, tool_words))),
         ]));
         if n % 10 == 1 {
-            state.deferred_tool_requests.approvals.push(DeferredToolCall {
-                tool_call_id: id.clone(),
-                tool_name: "delete_user".into(),
-                args: call_args,
-            });
+            state
+                .deferred_tool_requests
+                .approvals
+                .push(DeferredToolCall {
+                    tool_call_id: id.clone(),
+                    tool_name: "delete_user".into(),
+                    args: call_args,
+                });
             let result = match n % 30 {
                 1 => state.approve(&id, Approval::new().approver_id("alice@example.com")),
                 11 => state.reject(&id, Rejection::new().message("no").reason("policy")),
@@ -125,7 +197,7 @@ fn build_state(target: usize) -> RunState {
             result.expect("fresh call is pending");
         }
         // Measuring the size is the expensive part; do it every few rounds once large.
-        if n < 64 || n % 64 == 0 {
+        if n < 64 || n.is_multiple_of(64) {
             size = state.to_json().len();
         }
     }
@@ -213,13 +285,20 @@ fn human_time(d: Duration) -> String {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; any other argument is ignored.
-    let dir = tempfile::tempdir().expect("temp dir");
+    // `cargo bench` passes `--bench`; any other argument is ignored. Payloads go to a temporary
+    // directory, or to `$STATE_JSON_BENCH_DIR` (kept) when set.
+    let temp = tempfile::tempdir().expect("temp dir");
+    let dir = std::env::var_os("STATE_JSON_BENCH_DIR")
+        .map_or_else(|| temp.path().to_path_buf(), std::path::PathBuf::from);
     println!(
         "{:<22} {:<22} {:>7} {:>12} {:>12} {:>8}",
         "size", "operation", "samples", "ours", "CPython", "ratio"
     );
-    for (label, target) in [("~1 KiB", 1 << 10), ("~100 KiB", 100 << 10), ("~4 MiB", 4 << 20)] {
+    for (label, target) in [
+        ("~1 KiB", 1 << 10),
+        ("~100 KiB", 100 << 10),
+        ("~4 MiB", 4 << 20),
+    ] {
         let state = build_state(target);
         let text = state.to_json();
         assert_eq!(
@@ -227,7 +306,7 @@ fn main() {
             Ok(&state),
             "benchmark payload must round-trip"
         );
-        let path = dir.path().join(format!("state-{target}.json"));
+        let path = dir.join(format!("state-{target}.json"));
         std::fs::File::create(&path)
             .and_then(|mut f| f.write_all(text.as_bytes()))
             .expect("write payload");

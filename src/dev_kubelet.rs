@@ -95,8 +95,13 @@ impl ClusterAccess {
             .iter()
             .find(|c| c.name == context.cluster)
             .and_then(|c| c.cluster.clone())
-            .ok_or_else(|| DevKubeletError::Kubeconfig(format!("no cluster {}", context.cluster)))?;
-        let certificate_authority_data = match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
+            .ok_or_else(|| {
+                DevKubeletError::Kubeconfig(format!("no cluster {}", context.cluster))
+            })?;
+        let certificate_authority_data = match (
+            &cluster.certificate_authority_data,
+            &cluster.certificate_authority,
+        ) {
             (Some(data), _) => Some(data.clone()),
             (None, Some(path)) => {
                 let pem = std::fs::read(path).map_err(|source| DevKubeletError::Io {
@@ -135,7 +140,8 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
     })?;
     let running: Running = Arc::default();
     let config = Arc::new(config);
-    let stream = watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).touched_objects();
+    let stream =
+        watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).touched_objects();
     let mut stream = std::pin::pin!(stream);
     info!(work_dir = %config.work_dir.display(), "dev kubelet watching worker pods");
     while let Some(pod) = stream.try_next().await? {
@@ -159,7 +165,8 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
             let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if let Err(error) = run_pod(client.clone(), &config, &pod, kill_rx).await {
                 warn!(pod = %name, %error, "dev kubelet could not run the pod");
-                let _ = write_terminated(&client, &pod, 128, "StartError", &error.to_string()).await;
+                let _ =
+                    write_terminated(&client, &pod, 128, "StartError", &error.to_string()).await;
             }
             running.lock().unwrap().remove(&uid);
         });
@@ -181,13 +188,18 @@ async fn run_pod(
         .first()
         .cloned()
         .ok_or_else(|| DevKubeletError::Unsupported(name.clone(), "no container".into()))?;
-    let dir = config.work_dir.join(format!("{ns}_{name}_{}", pod.uid().unwrap_or_default()));
+    let dir = config
+        .work_dir
+        .join(format!("{ns}_{name}_{}", pod.uid().unwrap_or_default()));
     std::fs::create_dir_all(&dir).map_err(|source| DevKubeletError::Io {
         what: format!("creating {}", dir.display()),
         source,
     })?;
 
-    let account = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+    let account = spec
+        .service_account_name
+        .clone()
+        .unwrap_or_else(|| "default".into());
     let token = mint_token(&client, pod, &account).await?;
     let kubeconfig = write_kubeconfig(&dir, &config.cluster, &account, &token)?;
     let mut command = command_for(config, &name, &container)?;
@@ -258,9 +270,15 @@ fn command_for(
     let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
     argv.extend(container.args.clone().unwrap_or_default());
     let Some(program) = argv.first() else {
-        return Err(DevKubeletError::Unsupported(pod.into(), "container has no command".into()));
+        return Err(DevKubeletError::Unsupported(
+            pod.into(),
+            "container has no command".into(),
+        ));
     };
-    let program = if Path::new(program).file_name().is_some_and(|f| f == "agentrun") {
+    let program = if Path::new(program)
+        .file_name()
+        .is_some_and(|f| f == "agentrun")
+    {
         config.agentrun_binary.clone()
     } else {
         return Err(DevKubeletError::Unsupported(
@@ -342,7 +360,8 @@ fn write_kubeconfig(
         "current-context": "pod",
     });
     let path = dir.join("kubeconfig");
-    let text = serde_yaml_ng::to_string(&doc).map_err(|e| DevKubeletError::Kubeconfig(e.to_string()))?;
+    let text =
+        serde_yaml_ng::to_string(&doc).map_err(|e| DevKubeletError::Kubeconfig(e.to_string()))?;
     write_private(&path, text.as_bytes()).map_err(|source| DevKubeletError::Io {
         what: format!("writing {}", path.display()),
         source,
@@ -398,7 +417,11 @@ async fn write_terminated(
     message: &str,
 ) -> Result<(), DevKubeletError> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let phase = if exit_code == 0 { "Succeeded" } else { "Failed" };
+    let phase = if exit_code == 0 {
+        "Succeeded"
+    } else {
+        "Failed"
+    };
     let patch = json!({
         "status": {
             "phase": phase,
@@ -421,10 +444,18 @@ async fn write_terminated(
     status_patch(client, pod, patch).await
 }
 
-async fn status_patch(client: &Client, pod: &Pod, patch: serde_json::Value) -> Result<(), DevKubeletError> {
+async fn status_patch(
+    client: &Client,
+    pod: &Pod,
+    patch: serde_json::Value,
+) -> Result<(), DevKubeletError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     match pods
-        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),

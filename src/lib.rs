@@ -6,6 +6,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod dev_kubelet;
+pub mod plugin;
 pub mod run_status;
 pub mod state;
 pub mod worker;

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agentrun", version, about = "AI-agent runs that pause for human approval")]
+#[command(
+    name = "agentrun",
+    version,
+    about = "AI-agent runs that pause for human approval"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

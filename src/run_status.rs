@@ -10,7 +10,9 @@ use crate::state::{RunState, StateError};
 #[derive(Debug, thiserror::Error)]
 pub enum StoredStateError {
     /// `status.runStateDigest` does not match `status.runState`.
-    #[error("status.runState does not match status.runStateDigest (stored {stored}, computed {computed})")]
+    #[error(
+        "status.runState does not match status.runStateDigest (stored {stored}, computed {computed})"
+    )]
     DigestMismatch {
         /// The digest in status.
         stored: String,
@@ -77,7 +79,9 @@ pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateEr
     }
     match status.run_state_encoding.unwrap_or(RunStateEncoding::Json) {
         RunStateEncoding::Json => Ok(Some(RunState::from_json(text)?)),
-        other => Err(StoredStateError::UnsupportedEncoding(other.as_str().to_owned())),
+        other => Err(StoredStateError::UnsupportedEncoding(
+            other.as_str().to_owned(),
+        )),
     }
 }
 
@@ -102,7 +106,10 @@ mod tests {
         };
         assert_eq!(decode(&status).unwrap(), Some(state));
         status.run_state = Some(stored.run_state.replace("u-1", "u-2"));
-        assert!(matches!(decode(&status), Err(StoredStateError::DigestMismatch { .. })));
+        assert!(matches!(
+            decode(&status),
+            Err(StoredStateError::DigestMismatch { .. })
+        ));
     }
 
     #[test]

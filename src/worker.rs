@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use k8s_openapi::api::core::v1::Secret;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::agent::{ApiKey, Runner, RunStatus};
+use crate::agent::{ApiKey, RunStatus, Runner};
 use crate::crd::{Agent, AgentRun};
 use crate::run_status::{self, StoredState};
 use crate::state::RunState;
@@ -66,13 +66,21 @@ pub enum StepResult {
 }
 
 /// Runs step `step` of run `name` in `namespace`.
-pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) -> Result<StepResult, WorkerError> {
+pub async fn run_step(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    step: u32,
+) -> Result<StepResult, WorkerError> {
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), namespace);
     let run = runs.get(name).await?;
     let status = run.status.clone().unwrap_or_default();
     let current = status.step.unwrap_or(0);
     if current != step {
-        return Err(WorkerError::StaleStep { expected: step, current });
+        return Err(WorkerError::StaleStep {
+            expected: step,
+            current,
+        });
     }
     let agents: Api<Agent> = Api::namespaced(client.clone(), namespace);
     let agent_name = run.spec.agent_ref.name.clone();
@@ -83,10 +91,14 @@ pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) ->
     let mut agent = crate::agent::Agent::from_spec_with_name(&agent_name, &resource.spec)?;
     if let Some(secret_ref) = resource.spec.model.api_key_secret_ref.as_ref() {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let secret = secrets.get_opt(&secret_ref.name).await?.ok_or_else(|| WorkerError::Secret {
-            name: secret_ref.name.clone(),
-            problem: "not found".into(),
-        })?;
+        let secret =
+            secrets
+                .get_opt(&secret_ref.name)
+                .await?
+                .ok_or_else(|| WorkerError::Secret {
+                    name: secret_ref.name.clone(),
+                    problem: "not found".into(),
+                })?;
         let bytes = secret
             .data
             .as_ref()
@@ -107,7 +119,11 @@ pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) ->
     let loaded_digest = status.run_state_digest.clone();
     let mut state = match run_status::decode(&status)? {
         Some(state) => state,
-        None => RunState::new(run.uid().unwrap_or_default(), agent_name.clone(), run.spec.input.clone()),
+        None => RunState::new(
+            run.uid().unwrap_or_default(),
+            agent_name.clone(),
+            run.spec.input.clone(),
+        ),
     };
     let runner = Runner::new()?;
     info!(run = %name, step, "running step");
@@ -117,7 +133,9 @@ pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) ->
         Err(error) => {
             // Keep the progress made before the failure (model answers, tool results), so the
             // retry does not redo it; the error still fails this step.
-            if let Err(write_error) = write_state(&runs, name, step, loaded_digest.as_deref(), &state).await {
+            if let Err(write_error) =
+                write_state(&runs, name, step, loaded_digest.as_deref(), &state).await
+            {
                 warn!(error = %write_error, "could not save the partial state");
             }
             return Err(error.into());
@@ -126,7 +144,9 @@ pub async fn run_step(client: Client, namespace: &str, name: &str, step: u32) ->
     write_state(&runs, name, step, loaded_digest.as_deref(), &state).await?;
     Ok(match status {
         RunStatus::Completed => StepResult::Completed,
-        RunStatus::AwaitingApproval => StepResult::AwaitingApproval(state.pending_approvals().len()),
+        RunStatus::AwaitingApproval => {
+            StepResult::AwaitingApproval(state.pending_approvals().len())
+        }
     })
 }
 
@@ -153,13 +173,19 @@ async fn write_state(
         let current = run.status.clone().unwrap_or_default();
         let current_step = current.step.unwrap_or(0);
         if current_step != step || current.run_state_digest.as_deref() != loaded_digest {
-            return Err(WorkerError::StaleStep { expected: step, current: current_step });
+            return Err(WorkerError::StaleStep {
+                expected: step,
+                current: current_step,
+            });
         }
         let patch = json!({
             "metadata": {"resourceVersion": run.resource_version()},
             "status": status,
         });
-        match runs.patch_status(name, &params, &Patch::Merge(&patch)).await {
+        match runs
+            .patch_status(name, &params, &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
@@ -167,5 +193,8 @@ async fn write_state(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(WorkerError::StaleStep { expected: step, current: step })
+    Err(WorkerError::StaleStep {
+        expected: step,
+        current: step,
+    })
 }

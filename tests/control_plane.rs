@@ -25,14 +25,18 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 fn pinned_kubernetes_version() -> String {
-    let go_mod = std::fs::read_to_string(support::cluster::repo_root().join("tests/control-plane/go.mod"))
-        .expect("read go.mod");
+    let go_mod =
+        std::fs::read_to_string(support::cluster::repo_root().join("tests/control-plane/go.mod"))
+            .expect("read go.mod");
     go_mod
         .lines()
         .map(str::trim)
@@ -48,7 +52,11 @@ fn configmap(name: &str, data: &[(&str, &str)]) -> ConfigMap {
             name: Some(name.into()),
             ..Default::default()
         },
-        data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
         ..Default::default()
     }
 }
@@ -78,10 +86,18 @@ async fn deleting_an_owner_deletes_its_dependents() {
         uid: owner.metadata.uid.clone().unwrap(),
         ..Default::default()
     }]);
-    api.create(&PostParams::default(), &dependent).await.expect("dependent");
-    api.delete("owner", &DeleteParams::background()).await.expect("delete owner");
+    api.create(&PostParams::default(), &dependent)
+        .await
+        .expect("dependent");
+    api.delete("owner", &DeleteParams::background())
+        .await
+        .expect("delete owner");
     eventually(Duration::from_secs(60), "the garbage collector", || async {
-        api.get_opt("dependent").await.unwrap().is_none().then_some(())
+        api.get_opt("dependent")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
     })
     .await;
 }
@@ -116,7 +132,12 @@ async fn namespaces_and_configmaps_can_be_created_watched_and_deleted() {
         .await
         .expect("delete namespace");
     eventually(Duration::from_secs(60), "namespace deletion", || async {
-        namespaces.get_opt(&ns.name).await.unwrap().is_none().then_some(())
+        namespaces
+            .get_opt(&ns.name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
     })
     .await;
 }
@@ -183,9 +204,15 @@ subjects: [{{kind: User, name: carol@example.com}}]
         "apply role",
     );
     let carol_cm: Api<ConfigMap> = Api::namespaced(cp.client(Identity::Carol).await, &ns.name);
-    carol_cm.list(&ListParams::default()).await.expect("carol lists configmaps");
+    carol_cm
+        .list(&ListParams::default())
+        .await
+        .expect("carol lists configmaps");
     assert!(carol.list(&ListParams::default()).await.is_err());
-    let out = cp.kubectl(Identity::Carol, &["auth", "can-i", "delete", "configmaps", "-n", &ns.name]);
+    let out = cp.kubectl(
+        Identity::Carol,
+        &["auth", "can-i", "delete", "configmaps", "-n", &ns.name],
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
 }
 
@@ -205,7 +232,11 @@ async fn a_token_request_token_authenticates_as_its_service_account() {
         user.username.as_deref(),
         Some(format!("system:serviceaccount:{}:default", ns.name).as_str())
     );
-    assert!(user.groups.unwrap().contains(&"system:serviceaccounts".to_string()));
+    assert!(
+        user.groups
+            .unwrap()
+            .contains(&"system:serviceaccounts".to_string())
+    );
 }
 
 const SMOKE_CRD: &str = r#"
@@ -242,7 +273,12 @@ async fn install_smoke_crd(cp: &ControlPlane) {
     assert_success(
         &cp.kubectl(
             Identity::Admin,
-            &["wait", "--for=condition=Established", "--timeout=60s", "crd/smokewidgets.agentrun.dev"],
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/smokewidgets.agentrun.dev",
+            ],
         ),
         "wait for smoke CRD",
     );
@@ -261,7 +297,9 @@ async fn a_cel_rule_on_a_crd_rejects_a_bad_object() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("replicas must be at most 5"), "{stderr}");
-    let good = bad.replace("replicas: 9", "replicas: 3").replace("name: bad", "name: good");
+    let good = bad
+        .replace("replicas: 9", "replicas: 3")
+        .replace("name: bad", "name: good");
     assert_success(
         &cp.kubectl_with_stdin(Identity::Admin, &["create", "-f", "-"], Some(&good)),
         "create a valid object",
@@ -328,14 +366,24 @@ subjects: [{{kind: User, name: alice@example.com}}]
         }
     })
     .await;
-    assert!(message.contains("data.owner must be alice@example.com"), "{message}");
+    assert!(
+        message.contains("data.owner must be alice@example.com"),
+        "{message}"
+    );
     alice
-        .create(&PostParams::default(), &configmap("mine", &[("owner", "alice@example.com")]))
+        .create(
+            &PostParams::default(),
+            &configmap("mine", &[("owner", "alice@example.com")]),
+        )
         .await
         .expect("alice may claim her own name");
     let _ = cp.kubectl(
         Identity::Admin,
-        &["delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", &format!("owner-is-requester-{}", ns.name)],
+        &[
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            &format!("owner-is-requester-{}", ns.name),
+        ],
     );
 }
 
@@ -370,7 +418,17 @@ spec: {{replicas: 1}}
     );
     let out = cp.kubectl(
         Identity::Alice,
-        &["patch", "smokewidget", "w", "-n", &ns.name, "--type", "merge", "-p", r#"{"spec":{"owner":"alice-was-here"}}"#],
+        &[
+            "patch",
+            "smokewidget",
+            "w",
+            "-n",
+            &ns.name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"owner":"alice-was-here"}}"#,
+        ],
     );
     assert_success(&out, "alice patches");
     let event = eventually(Duration::from_secs(10), "the audit event", || async {
@@ -383,7 +441,12 @@ spec: {{replicas: 1}}
     })
     .await;
     assert_eq!(event["user"]["username"], "alice@example.com");
-    assert!(event["user"]["groups"].as_array().unwrap().contains(&json!("agentrun:approvers")));
+    assert!(
+        event["user"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("agentrun:approvers"))
+    );
     assert_eq!(event["responseStatus"]["code"], 200);
     assert_eq!(event["requestObject"]["spec"]["owner"], "alice-was-here");
 }
@@ -422,7 +485,15 @@ async fn server_side_apply_and_resource_version_conflicts_behave() {
 #[tokio::test]
 async fn mutating_admission_policies_are_served() {
     let cp = ControlPlane::shared().await;
-    let out = cp.kubectl(Identity::Admin, &["api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name"]);
+    let out = cp.kubectl(
+        Identity::Admin,
+        &[
+            "api-resources",
+            "--api-group=admissionregistration.k8s.io",
+            "-o",
+            "name",
+        ],
+    );
     assert_success(&out, "api-resources");
     let names = String::from_utf8_lossy(&out.stdout);
     assert!(names.contains("validatingadmissionpolicies"), "{names}");
@@ -435,11 +506,22 @@ async fn kubectl_and_helm_run() {
     let out = cp.kubectl(Identity::Admin, &["version", "-o", "json"]);
     assert_success(&out, "kubectl version");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["serverVersion"]["gitVersion"], pinned_kubernetes_version().as_str());
-    assert!(v["clientVersion"]["gitVersion"].as_str().unwrap().starts_with("v1.35"));
+    assert_eq!(
+        v["serverVersion"]["gitVersion"],
+        pinned_kubernetes_version().as_str()
+    );
+    assert!(
+        v["clientVersion"]["gitVersion"]
+            .as_str()
+            .unwrap()
+            .starts_with("v1.35")
+    );
     let out = cp.helm(&["version", "--short"]);
     assert_success(&out, "helm version");
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("v3") || String::from_utf8_lossy(&out.stdout).starts_with("v4"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("v3")
+            || String::from_utf8_lossy(&out.stdout).starts_with("v4")
+    );
     assert_success(&cp.helm(&["list", "--all-namespaces"]), "helm list");
 }
 
@@ -448,7 +530,9 @@ async fn a_watch_stream_sees_deletions() {
     let cp = ControlPlane::shared().await;
     let ns = cp.namespace("watchdel").await;
     let api: Api<ConfigMap> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
-    api.create(&PostParams::default(), &configmap("gone", &[])).await.unwrap();
+    api.create(&PostParams::default(), &configmap("gone", &[]))
+        .await
+        .unwrap();
     let mut events = Box::pin(watcher(api.clone(), watcher::Config::default()));
     // Wait for the initial listing to finish before deleting.
     loop {

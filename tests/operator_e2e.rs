@@ -68,7 +68,10 @@ async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
     let kubelet = tokio::spawn(async move {
         dev_kubelet::run(client, config).await.expect("dev kubelet");
     });
-    Operator { controller, kubelet }
+    Operator {
+        controller,
+        kubelet,
+    }
 }
 
 /// alice and bob may read and decide ApprovalRequests in the namespace.
@@ -152,7 +155,10 @@ async fn wait_for_phase(cp: &ControlPlane, ns: &str, run: &str, phase: AgentRunP
             return current;
         }
         if tokio::time::Instant::now() > deadline {
-            let out = cp.kubectl(Identity::Admin, &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+            let out = cp.kubectl(
+                Identity::Admin,
+                &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
+            );
             panic!(
                 "run {run} did not reach {phase:?}; status: {}\nevents:\n{}",
                 serde_json::to_string_pretty(&status).unwrap(),
@@ -174,10 +180,26 @@ async fn requests_of(cp: &ControlPlane, ns: &str, run: &str) -> Vec<ApprovalRequ
     list
 }
 
-fn decide(cp: &ControlPlane, identity: Identity, ns: &str, request: &str, patch: serde_json::Value) {
+fn decide(
+    cp: &ControlPlane,
+    identity: Identity,
+    ns: &str,
+    request: &str,
+    patch: serde_json::Value,
+) {
     let out = cp.kubectl(
         identity,
-        &["patch", "apr", request, "-n", ns, "--type", "merge", "-p", &patch.to_string()],
+        &[
+            "patch",
+            "apr",
+            request,
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ],
     );
     assert_success(&out, "kubectl patch apr");
 }
@@ -205,7 +227,10 @@ fn assert_model_never_saw(model: &ModelServer, secrets: &[&str]) {
     for request in model.requests() {
         let body = request.json().to_string();
         for secret in secrets {
-            assert!(!body.contains(secret), "the model received {secret:?}: {body}");
+            assert!(
+                !body.contains(secret),
+                "the model received {secret:?}: {body}"
+            );
         }
     }
 }
@@ -217,10 +242,22 @@ async fn approve_then_the_tool_runs_once_and_the_audit_holds_alice() {
     let _operator = start_operator(cp, &ns).await;
     let model = ModelServer::start().await;
     let tools = ToolServer::start().await;
-    model.push(Reply::tool_calls(&[("call_TX_9", "delete_user", json!({"user_id": "u-1"}))]));
+    model.push(Reply::tool_calls(&[(
+        "call_TX_9",
+        "delete_user",
+        json!({"user_id": "u-1"}),
+    )]));
     model.push(Reply::text("User u-1 deleted."));
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"),
+    );
 
     let halted = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
     assert_eq!(halted.status.as_ref().unwrap().pending_approvals, Some(1));
@@ -245,19 +282,37 @@ async fn approve_then_the_tool_runs_once_and_the_audit_holds_alice() {
     let status = done.status.clone().unwrap();
     assert_eq!(status.final_output.as_deref(), Some("User u-1 deleted."));
     assert_eq!(tools.calls_with_key("call_TX_9"), 1);
-    assert_eq!(tools.requests_to("/delete_user")[0].json(), json!({"user_id": "u-1"}));
+    assert_eq!(
+        tools.requests_to("/delete_user")[0].json(),
+        json!({"user_id": "u-1"})
+    );
     let state = state_of(&done);
     let audit = &state.approval_metadata["call_TX_9"];
     assert_eq!(audit.approver_id.as_deref(), Some("alice@example.com"));
-    assert_eq!(audit.reason.as_deref(), Some("authorized per change CR-1234"));
+    assert_eq!(
+        audit.reason.as_deref(),
+        Some("authorized per change CR-1234")
+    );
     assert_eq!(state.approved_tools, vec!["call_TX_9".to_string()]);
-    assert_model_never_saw(&model, &["authorized per change CR-1234", "alice@example.com"]);
+    assert_model_never_saw(
+        &model,
+        &["authorized per change CR-1234", "alice@example.com"],
+    );
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
     let apr = requests_of(cp, &ns.name, "r1").await;
-    assert_eq!(apr[0].status.as_ref().unwrap().phase, Some(agentrun::crd::ApprovalPhase::Approved));
-    let events = cp.kubectl(Identity::Admin, &["get", "events", "-n", &ns.name, "-o", "json"]);
+    assert_eq!(
+        apr[0].status.as_ref().unwrap().phase,
+        Some(agentrun::crd::ApprovalPhase::Approved)
+    );
+    let events = cp.kubectl(
+        Identity::Admin,
+        &["get", "events", "-n", &ns.name, "-o", "json"],
+    );
     let events = String::from_utf8_lossy(&events.stdout);
-    assert!(events.contains("Approved by alice@example.com: authorized per change CR-1234"), "{events}");
+    assert!(
+        events.contains("Approved by alice@example.com: authorized per change CR-1234"),
+        "{events}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,12 +322,28 @@ async fn reject_tells_the_model_the_message_never_the_reason() {
     let _operator = start_operator(cp, &ns).await;
     let model = ModelServer::start().await;
     let tools = ToolServer::start().await;
-    model.push(Reply::tool_calls(&[("call_1", "delete_user", json!({"user_id": "u-1"}))]));
+    model.push(Reply::tool_calls(&[(
+        "call_1",
+        "delete_user",
+        json!({"user_id": "u-1"}),
+    )]));
     model.push(Reply::text("I could not delete the user."));
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"),
+    );
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
-    let name = requests_of(cp, &ns.name, "r1").await[0].metadata.name.clone().unwrap();
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
     decide(
         cp,
         Identity::Bob,
@@ -285,10 +356,19 @@ async fn reject_tells_the_model_the_message_never_the_reason() {
     assert!(tools.requests().is_empty(), "a rejected tool never runs");
     let last = model.requests().last().unwrap().json().to_string();
     assert!(last.contains("Not authorized for this resource"), "{last}");
-    assert_model_never_saw(&model, &["policy violation: tier-0 write", "bob@example.com"]);
+    assert_model_never_saw(
+        &model,
+        &["policy violation: tier-0 write", "bob@example.com"],
+    );
     let state = state_of(&done);
-    assert_eq!(state.rejected_tools[0].message.as_deref(), Some("Not authorized for this resource"));
-    assert_eq!(state.approval_metadata["call_1"].reason.as_deref(), Some("policy violation: tier-0 write"));
+    assert_eq!(
+        state.rejected_tools[0].message.as_deref(),
+        Some("Not authorized for this resource")
+    );
+    assert_eq!(
+        state.approval_metadata["call_1"].reason.as_deref(),
+        Some("policy violation: tier-0 write")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,20 +382,41 @@ async fn two_calls_in_one_halt_then_a_second_halt() {
         ("call_a", "delete_user", json!({"user_id": "u-1"})),
         ("call_b", "delete_user", json!({"user_id": "u-2"})),
     ]));
-    model.push(Reply::tool_calls(&[("call_c", "delete_user", json!({"user_id": "u-3"}))]));
+    model.push(Reply::tool_calls(&[(
+        "call_c",
+        "delete_user",
+        json!({"user_id": "u-3"}),
+    )]));
     model.push(Reply::text("Deleted u-1 and u-3; u-2 was refused."));
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete u-1, u-2, u-3"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1, u-2, u-3"),
+    );
 
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
     let requests = requests_of(cp, &ns.name, "r1").await;
     assert_eq!(requests.len(), 2);
     let approve = json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}});
-    decide(cp, Identity::Alice, &ns.name, requests[0].metadata.name.as_deref().unwrap(), approve.clone());
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        requests[0].metadata.name.as_deref().unwrap(),
+        approve.clone(),
+    );
     // One decision is not enough: the run keeps waiting.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
-    assert_eq!(api.get("r1").await.unwrap().status.unwrap().phase, Some(AgentRunPhase::AwaitingApproval));
+    assert_eq!(
+        api.get("r1").await.unwrap().status.unwrap().phase,
+        Some(AgentRunPhase::AwaitingApproval)
+    );
     decide(
         cp,
         Identity::Bob,
@@ -335,7 +436,13 @@ async fn two_calls_in_one_halt_then_a_second_halt() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(third.spec.step, 1);
-    decide(cp, Identity::Alice, &ns.name, third.metadata.name.as_deref().unwrap(), approve);
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        third.metadata.name.as_deref().unwrap(),
+        approve,
+    );
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
     assert_eq!(tools.calls_with_key("call_a"), 1);
     assert_eq!(tools.calls_with_key("call_b"), 0);
@@ -343,7 +450,10 @@ async fn two_calls_in_one_halt_then_a_second_halt() {
     let state = state_of(&done);
     assert_eq!(state.approval_metadata.len(), 3);
     assert_eq!(done.status.unwrap().step, Some(2));
-    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1", "r1-step-2"]);
+    assert_eq!(
+        pods_of(cp, &ns.name).await,
+        vec!["r1-step-0", "r1-step-1", "r1-step-2"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,10 +466,21 @@ async fn a_run_needing_no_approval_finishes_in_one_step() {
         {"toolCalls": [{"id": "call_1", "name": "lookup_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "u-1 exists."}
     ]}});
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Is u-1 there?"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Is u-1 there?"),
+    );
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
-    assert_eq!(done.status.as_ref().unwrap().final_output.as_deref(), Some("u-1 exists."));
+    assert_eq!(
+        done.status.as_ref().unwrap().final_output.as_deref(),
+        Some("u-1 exists.")
+    );
     assert_eq!(tools.calls_with_key("call_1"), 1);
     assert!(requests_of(cp, &ns.name, "r1").await.is_empty());
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0"]);
@@ -374,13 +495,24 @@ async fn a_worker_that_fails_once_is_retried() {
     let tools = ToolServer::start().await;
     model.push(Reply::garbage());
     model.push(Reply::text("Hello."));
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Say hello"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Say hello"),
+    );
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
     let status = done.status.unwrap();
     assert_eq!(status.final_output.as_deref(), Some("Hello."));
     assert_eq!(status.retries, Some(1));
-    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-0-r1"]);
+    assert_eq!(
+        pods_of(cp, &ns.name).await,
+        vec!["r1-step-0", "r1-step-0-r1"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,10 +525,24 @@ async fn a_worker_that_keeps_failing_fails_the_run_with_its_error() {
     for _ in 0..3 {
         model.push(Reply::status(401, "invalid api key"));
     }
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", openai_model(&model), &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Say hello"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Say hello"),
+    );
     let failed = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Failed).await;
-    let condition = failed.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let condition = failed
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(condition.reason, "WorkerFailed");
     assert!(condition.message.contains("401"), "{}", condition.message);
 }
@@ -411,12 +557,24 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "ops", "Delete u-1"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
 
     operator.controller.abort();
-    let name = requests_of(cp, &ns.name, "r1").await[0].metadata.name.clone().unwrap();
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
     decide(
         cp,
         Identity::Alice,
@@ -430,7 +588,12 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
     assert_eq!(tools.calls_with_key("call_1"), 1);
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
     assert_eq!(requests_of(cp, &ns.name, "r1").await.len(), 1);
-    assert_eq!(state_of(&done).approval_metadata["call_1"].approver_id.as_deref(), Some("alice@example.com"));
+    assert_eq!(
+        state_of(&done).approval_metadata["call_1"]
+            .approver_id
+            .as_deref(),
+        Some("alice@example.com")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,9 +606,21 @@ async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "ops", scripted, &tools));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "bad", "ops", "Delete u-1"));
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "good", "ops", "Delete u-1"));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "bad", "ops", "Delete u-1"),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "good", "ops", "Delete u-1"),
+    );
     wait_for_phase(cp, &ns.name, "bad", AgentRunPhase::AwaitingApproval).await;
     wait_for_phase(cp, &ns.name, "good", AgentRunPhase::AwaitingApproval).await;
 
@@ -459,7 +634,11 @@ async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
     .await
     .unwrap();
     for run in ["bad", "good"] {
-        let name = requests_of(cp, &ns.name, run).await[0].metadata.name.clone().unwrap();
+        let name = requests_of(cp, &ns.name, run).await[0]
+            .metadata
+            .name
+            .clone()
+            .unwrap();
         decide(
             cp,
             Identity::Alice,
@@ -469,9 +648,19 @@ async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
         );
     }
     let failed = wait_for_phase(cp, &ns.name, "bad", AgentRunPhase::Failed).await;
-    let condition = failed.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let condition = failed
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(condition.reason, "InvalidRunState");
-    assert!(condition.message.contains("messages"), "{}", condition.message);
+    assert!(
+        condition.message.contains("messages"),
+        "{}",
+        condition.message
+    );
     wait_for_phase(cp, &ns.name, "good", AgentRunPhase::Succeeded).await;
 }
 
@@ -481,12 +670,30 @@ async fn a_run_of_a_missing_agent_says_so_and_starts_when_it_appears() {
     let ns = cp.namespace("e2e-noagent").await;
     let _operator = start_operator(cp, &ns).await;
     let tools = ToolServer::start().await;
-    apply(cp, Identity::Admin, &run_yaml(&ns.name, "r1", "later", "hi"));
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "later", "hi"),
+    );
     let pending = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Pending).await;
-    let condition = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let condition = pending
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(condition.reason, "AgentNotFound");
-    assert!(condition.message.contains("Agent later not found"), "{}", condition.message);
+    assert!(
+        condition.message.contains("Agent later not found"),
+        "{}",
+        condition.message
+    );
     let scripted = json!({"scripted": {"turns": [{"content": "hello"}]}});
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, "later", scripted, &tools));
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "later", scripted, &tools),
+    );
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
 }

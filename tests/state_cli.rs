@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use agentrun::state::{DeferredToolCall, RunState};
 use agentrun::state::pyjson::{self, Value};
+use agentrun::state::{DeferredToolCall, RunState};
 
 fn agentrun(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentrun"))
@@ -41,11 +41,14 @@ fn halted() -> RunState {
         .unwrap(),
     ];
     for (id, name) in [("call_1", "delete_user"), ("call_2", "send_email")] {
-        state.deferred_tool_requests.approvals.push(DeferredToolCall {
-            tool_call_id: id.into(),
-            tool_name: name.into(),
-            args: pyjson::loads(r#"{"user_id": "u-1", "note": "café"}"#).unwrap(),
-        });
+        state
+            .deferred_tool_requests
+            .approvals
+            .push(DeferredToolCall {
+                tool_call_id: id.into(),
+                tool_name: name.into(),
+                args: pyjson::loads(r#"{"user_id": "u-1", "note": "café"}"#).unwrap(),
+            });
     }
     state.current_turn = 1;
     state
@@ -55,7 +58,11 @@ fn halted() -> RunState {
 /// `needle`.
 fn assert_fails(out: &Output, needle: &str) {
     assert_eq!(out.status.code(), Some(2), "stderr: {}", stderr(out));
-    assert!(out.stdout.is_empty(), "stdout must be empty: {:?}", stdout(out));
+    assert!(
+        out.stdout.is_empty(),
+        "stdout must be empty: {:?}",
+        stdout(out)
+    );
     let err = stderr(out);
     assert_eq!(err.lines().count(), 1, "one stderr line: {err:?}");
     assert!(err.contains(needle), "{err:?} should mention {needle:?}");
@@ -96,11 +103,21 @@ fn approve_and_reject_record_decisions() {
     assert_eq!(approved.approved_tools, ["call_1"]);
     let meta = &approved.approval_metadata["call_1"];
     assert_eq!(meta.approver_id.as_deref(), Some("alice@example.com"));
-    assert_eq!(meta.reason.as_deref(), Some("authorized per change CR-1234"));
+    assert_eq!(
+        meta.reason.as_deref(),
+        Some("authorized per change CR-1234")
+    );
     assert!((chrono::Utc::now() - meta.timestamp).num_seconds().abs() < 60);
 
     let out = agentrun(
-        &["state", "reject", "--tool-call-id", "call_2", "--message", "Not authorized"],
+        &[
+            "state",
+            "reject",
+            "--tool-call-id",
+            "call_2",
+            "--message",
+            "Not authorized",
+        ],
         stdout(&out).as_bytes(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -135,7 +152,8 @@ fn invalid_input_or_decision_exits_2_with_one_line() {
 
     let decided = {
         let mut s = halted();
-        s.approve("call_1", agentrun::state::Approval::new()).unwrap();
+        s.approve("call_1", agentrun::state::Approval::new())
+            .unwrap();
         s.to_json()
     };
     let args = approve("call_1");
@@ -158,7 +176,10 @@ fn invalid_input_or_decision_exits_2_with_one_line() {
     );
 
     assert_fails(
-        &agentrun(&["state", "roundtrip"], b"{\n\"run_id\": \"a\",\n  \"x\": ]\n}"),
+        &agentrun(
+            &["state", "roundtrip"],
+            b"{\n\"run_id\": \"a\",\n  \"x\": ]\n}",
+        ),
         "runState: invalid JSON at line 3 column 8",
     );
     assert_fails(
@@ -169,8 +190,14 @@ fn invalid_input_or_decision_exits_2_with_one_line() {
         &agentrun(&["state", "roundtrip"], b"[1, 2]"),
         "runState: not a JSON object (found list)",
     );
-    assert_fails(&agentrun(&["state", "roundtrip"], b""), "runState: invalid JSON at line 1 column 1");
-    assert_fails(&agentrun(&["state", "roundtrip"], b"{\"a\": \"\xff\"}"), "not valid UTF-8");
+    assert_fails(
+        &agentrun(&["state", "roundtrip"], b""),
+        "runState: invalid JSON at line 1 column 1",
+    );
+    assert_fails(
+        &agentrun(&["state", "roundtrip"], b"{\"a\": \"\xff\"}"),
+        "not valid UTF-8",
+    );
 }
 
 #[test]

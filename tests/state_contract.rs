@@ -28,7 +28,9 @@ fn json(text: &str) -> Value {
 }
 
 fn ts(text: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(text).expect("timestamp").to_utc()
+    DateTime::parse_from_rfc3339(text)
+        .expect("timestamp")
+        .to_utc()
 }
 
 /// A state halted on three tool calls, as a runner would leave it.
@@ -45,14 +47,18 @@ fn halted() -> RunState {
         ),
     ];
     state.deferred_tool_requests = DeferredToolRequests {
-        calls: vec![json(r#"{"tool_call_id": "ext_1", "tool_name": "slow_job", "args": {}}"#)],
+        calls: vec![json(
+            r#"{"tool_call_id": "ext_1", "tool_name": "slow_job", "args": {}}"#,
+        )],
         approvals: vec![
             DeferredToolCall {
                 tool_call_id: "call_1".into(),
                 tool_name: "delete_user".into(),
-                args: json(r#"{"user_id": "u-1", "hard": true, "zz": {"b": 1, "a": [2**70]}}"#
-                    .replace("2**70", "1180591620717411303424")
-                    .as_str()),
+                args: json(
+                    r#"{"user_id": "u-1", "hard": true, "zz": {"b": 1, "a": [2**70]}}"#
+                        .replace("2**70", "1180591620717411303424")
+                        .as_str(),
+                ),
             },
             DeferredToolCall {
                 tool_call_id: "call_2".into(),
@@ -104,7 +110,10 @@ fn json_round_trip() {
     assert!(text.contains(
         r#""approval_metadata": {"call_1": {"approver_id": "alice@example.com", "reason": "authorized per change CR-1234", "timestamp": "2026-12-02T19:30:25.123456+00:00"}, "call_2": {"approver_id": "bob@example.com", "reason": "policy violation: tier-0 write", "timestamp": "2026-12-02T19:31:00+00:00"}}"#
     ), "{text}");
-    assert!(text.contains(r#""subject": "Bye \ud83d\udc4b""#), "ensure_ascii: {text}");
+    assert!(
+        text.contains(r#""subject": "Bye \ud83d\udc4b""#),
+        "ensure_ascii: {text}"
+    );
     assert!(text.contains(r#""x_vendor_field": {"kept": [1, 2.5, "\u00e9"]}"#));
     assert!(text.contains("1180591620717411303424"));
 }
@@ -162,10 +171,19 @@ fn tolerant_load_of_older_payloads() {
         }
     );
     assert!(state.is_approved("c1"));
-    assert_eq!(state.rejection("c2").and_then(|r| r.message.as_deref()), Some("no"));
+    assert_eq!(
+        state.rejection("c2").and_then(|r| r.message.as_deref()),
+        Some("no")
+    );
     assert_eq!(state.messages[0].get("name"), Some(&Value::from("u")));
     let out = state.to_json();
-    for gone in ["retired_field", "legacy_flag", "old_mode", "total_tokens", "\"legacy\""] {
+    for gone in [
+        "retired_field",
+        "legacy_flag",
+        "old_mode",
+        "total_tokens",
+        "\"legacy\"",
+    ] {
         assert!(!out.contains(gone), "{gone} written back: {out}");
     }
     // The empty object loads as the default state.
@@ -175,7 +193,10 @@ fn tolerant_load_of_older_payloads() {
         r#"{"deferred_tool_requests": {"approvals": [{"tool_call_id": "c", "tool_name": "t"}]}}"#,
     )
     .unwrap();
-    assert_eq!(s.deferred_tool_requests.approvals[0].args, Value::Dict(Dict::new()));
+    assert_eq!(
+        s.deferred_tool_requests.approvals[0].args,
+        Value::Dict(Dict::new())
+    );
 }
 
 #[test]
@@ -211,11 +232,17 @@ fn audit_metadata_is_separate_from_resumption() {
     // A reason alone records an entry (timestamp = now, UTC, microseconds).
     let t0 = Utc::now();
     state
-        .reject("call_2", Rejection::new().reason("policy violation: tier-0 write"))
+        .reject(
+            "call_2",
+            Rejection::new().reason("policy violation: tier-0 write"),
+        )
         .unwrap();
     let entry = &state.approval_metadata["call_2"];
     assert_eq!(entry.approver_id, None);
-    assert_eq!(entry.reason.as_deref(), Some("policy violation: tier-0 write"));
+    assert_eq!(
+        entry.reason.as_deref(),
+        Some("policy violation: tier-0 write")
+    );
     assert!(entry.timestamp >= t0 - chrono::Duration::microseconds(1));
     assert_eq!(entry.timestamp.timestamp_subsec_nanos() % 1000, 0);
     // The message is stored as given: none here (the runner supplies the default when telling the
@@ -246,7 +273,9 @@ fn audit_metadata_is_separate_from_resumption() {
     let mut payload = state.to_dict();
     payload.insert("approval_metadata".into(), Value::Dict(Dict::new()));
     let without = RunState::from_dict(&Value::Dict(payload.clone())).unwrap();
-    let stray = json(r#"{"call_9": {"approver_id": "eve", "reason": null, "timestamp": "2026-12-02T19:30:25"}}"#);
+    let stray = json(
+        r#"{"call_9": {"approver_id": "eve", "reason": null, "timestamp": "2026-12-02T19:30:25"}}"#,
+    );
     payload.insert("approval_metadata".into(), stray);
     let with_stray = RunState::from_dict(&Value::Dict(payload)).unwrap();
     for s in [&without, &with_stray] {
@@ -269,9 +298,13 @@ fn pending_approvals_lists_undecided_calls_in_order() {
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(&state), ["call_1", "call_2", "call_3"]);
-    state.reject("call_2", Rejection::new().message("no")).unwrap();
+    state
+        .reject("call_2", Rejection::new().message("no"))
+        .unwrap();
     assert_eq!(ids(&state), ["call_1", "call_3"]);
-    state.approve("call_3", Approval::new().approver_id("a")).unwrap();
+    state
+        .approve("call_3", Approval::new().approver_id("a"))
+        .unwrap();
     assert_eq!(ids(&state), ["call_1"]);
     assert!(state.is_approved("call_3") && !state.is_approved("call_2"));
     assert_eq!(
@@ -289,12 +322,17 @@ fn to_dict_from_dict_round_trip() {
     state
         .approve(
             "call_2",
-            Approval::new().approver_id("alice").at(ts("2026-12-02T19:30:25.000001Z")),
+            Approval::new()
+                .approver_id("alice")
+                .at(ts("2026-12-02T19:30:25.000001Z")),
         )
         .unwrap();
     state.final_output = Some("done ✓".into());
     let dict = state.to_dict();
-    assert_eq!(RunState::from_dict(&Value::Dict(dict.clone())).unwrap(), state);
+    assert_eq!(
+        RunState::from_dict(&Value::Dict(dict.clone())).unwrap(),
+        state
+    );
     assert_eq!(pyjson::dumps(&Value::Dict(dict)).unwrap(), state.to_json());
     assert_eq!(
         state.to_dict()["approval_metadata"]["call_2"]["timestamp"],
@@ -305,20 +343,50 @@ fn to_dict_from_dict_round_trip() {
 #[test]
 fn wrong_types_name_the_field() {
     let cases = [
-        (r#"{"messages": "hi"}"#, "runState: field `messages`: expected a list, found str"),
-        (r#"{"run_id": 5}"#, "runState: field `run_id`: expected a str, found int"),
-        (r#"{"final_output": ["x"]}"#, "runState: field `final_output`: expected a str, found list"),
-        (r#"{"current_turn": "3"}"#, "runState: field `current_turn`: expected an int, found str"),
-        (r#"{"current_turn": 3.0}"#, "runState: field `current_turn`: expected an int, found float"),
-        (r#"{"current_turn": true}"#, "runState: field `current_turn`: expected an int, found bool"),
-        (r#"{"current_turn": -1}"#, "runState: field `current_turn`: expected a non-negative int, found -1"),
+        (
+            r#"{"messages": "hi"}"#,
+            "runState: field `messages`: expected a list, found str",
+        ),
+        (
+            r#"{"run_id": 5}"#,
+            "runState: field `run_id`: expected a str, found int",
+        ),
+        (
+            r#"{"final_output": ["x"]}"#,
+            "runState: field `final_output`: expected a str, found list",
+        ),
+        (
+            r#"{"current_turn": "3"}"#,
+            "runState: field `current_turn`: expected an int, found str",
+        ),
+        (
+            r#"{"current_turn": 3.0}"#,
+            "runState: field `current_turn`: expected an int, found float",
+        ),
+        (
+            r#"{"current_turn": true}"#,
+            "runState: field `current_turn`: expected an int, found bool",
+        ),
+        (
+            r#"{"current_turn": -1}"#,
+            "runState: field `current_turn`: expected a non-negative int, found -1",
+        ),
         (
             r#"{"current_turn": 18446744073709551616}"#,
             "runState: field `current_turn`: 18446744073709551616 is too large (the maximum is 18446744073709551615)",
         ),
-        (r#"{"usage": []}"#, "runState: field `usage`: expected a dict, found list"),
-        (r#"{"usage": {"input_tokens": "many"}}"#, "runState: field `usage.input_tokens`: expected an int, found str"),
-        (r#"{"deferred_tool_requests": 1}"#, "runState: field `deferred_tool_requests`: expected a dict, found int"),
+        (
+            r#"{"usage": []}"#,
+            "runState: field `usage`: expected a dict, found list",
+        ),
+        (
+            r#"{"usage": {"input_tokens": "many"}}"#,
+            "runState: field `usage.input_tokens`: expected an int, found str",
+        ),
+        (
+            r#"{"deferred_tool_requests": 1}"#,
+            "runState: field `deferred_tool_requests`: expected a dict, found int",
+        ),
         (
             r#"{"deferred_tool_requests": {"calls": {}}}"#,
             "runState: field `deferred_tool_requests.calls`: expected a list, found dict",
@@ -335,10 +403,22 @@ fn wrong_types_name_the_field() {
             r#"{"deferred_tool_requests": {"approvals": [{"tool_name": "t"}]}}"#,
             "runState: field `deferred_tool_requests.approvals[0].tool_call_id`: missing (required)",
         ),
-        (r#"{"approved_tools": ["a", null]}"#, "runState: field `approved_tools[1]`: expected a str, found null"),
-        (r#"{"rejected_tools": [{"tool_call_id": "a", "message": 1}]}"#, "runState: field `rejected_tools[0].message`: expected a str, found int"),
-        (r#"{"rejected_tools": [{"message": "m"}]}"#, "runState: field `rejected_tools[0].tool_call_id`: missing (required)"),
-        (r#"{"approval_metadata": []}"#, "runState: field `approval_metadata`: expected a dict, found list"),
+        (
+            r#"{"approved_tools": ["a", null]}"#,
+            "runState: field `approved_tools[1]`: expected a str, found null",
+        ),
+        (
+            r#"{"rejected_tools": [{"tool_call_id": "a", "message": 1}]}"#,
+            "runState: field `rejected_tools[0].message`: expected a str, found int",
+        ),
+        (
+            r#"{"rejected_tools": [{"message": "m"}]}"#,
+            "runState: field `rejected_tools[0].tool_call_id`: missing (required)",
+        ),
+        (
+            r#"{"approval_metadata": []}"#,
+            "runState: field `approval_metadata`: expected a dict, found list",
+        ),
         (
             r#"{"approval_metadata": {"c\n1": {"approver_id": 1, "timestamp": "2026-01-01T00:00:00"}}}"#,
             "runState: field `approval_metadata[\"c\\n1\"].approver_id`: expected a str, found int",
@@ -354,8 +434,14 @@ fn wrong_types_name_the_field() {
         ("[]", "runState: not a JSON object (found list)"),
         ("\"state\"", "runState: not a JSON object (found str)"),
         ("null", "runState: not a JSON object (found null)"),
-        ("{\n  \"run_id\": \"a\",\n  \"input\" \"b\"\n}", "runState: invalid JSON at line 3 column 11: expected `:`"),
-        ("{\"a\": NaN}", "runState: invalid JSON at line 1 column 7: `NaN` is not valid JSON (non-finite numbers are rejected)"),
+        (
+            "{\n  \"run_id\": \"a\",\n  \"input\" \"b\"\n}",
+            "runState: invalid JSON at line 3 column 11: Expecting ':' delimiter",
+        ),
+        (
+            "{\"a\": NaN}",
+            "runState: invalid JSON at line 1 column 7: `NaN` is not valid JSON (non-finite numbers are rejected)",
+        ),
     ];
     for (payload, want) in cases {
         let err = RunState::from_json(payload).expect_err(payload);
@@ -427,16 +513,28 @@ fn timestamps_are_python_isoformat_utc() {
         // Naive timestamps from older payloads are taken as UTC.
         ("2026-12-02T19:30:25", "2026-12-02T19:30:25+00:00"),
         ("2026-12-02T19:30:25.5", "2026-12-02T19:30:25.500000+00:00"),
-        ("2026-12-02 19:30:25.123456", "2026-12-02T19:30:25.123456+00:00"),
+        (
+            "2026-12-02 19:30:25.123456",
+            "2026-12-02T19:30:25.123456+00:00",
+        ),
         ("2026-12-02T19:30", "2026-12-02T19:30:00+00:00"),
         // Any offset is converted to UTC; `Z` is accepted.
         ("2026-12-02T19:30:25Z", "2026-12-02T19:30:25+00:00"),
-        ("2026-12-03T01:00:25.000001+05:30", "2026-12-02T19:30:25.000001+00:00"),
+        (
+            "2026-12-03T01:00:25.000001+05:30",
+            "2026-12-02T19:30:25.000001+00:00",
+        ),
         ("2026-12-02T14:30:25-05:00", "2026-12-02T19:30:25+00:00"),
         ("2026-12-02T19:30:25+0000", "2026-12-02T19:30:25+00:00"),
         // Sub-microsecond digits are truncated.
-        ("2026-12-02T19:30:25.123456789+00:00", "2026-12-02T19:30:25.123456+00:00"),
-        ("2026-12-02T19:30:25.000000999Z", "2026-12-02T19:30:25+00:00"),
+        (
+            "2026-12-02T19:30:25.123456789+00:00",
+            "2026-12-02T19:30:25.123456+00:00",
+        ),
+        (
+            "2026-12-02T19:30:25.000000999Z",
+            "2026-12-02T19:30:25+00:00",
+        ),
     ];
     for (input, want) in cases {
         let (parsed, written) = meta(input);
@@ -462,7 +560,13 @@ fn timestamps_are_python_isoformat_utc() {
         }
     );
     assert_eq!(RunState::from_json(&state.to_json()).unwrap(), state);
-    for bad in ["2026-13-02T00:00:00", "2026-12-02", "12/02/2026", "2026-12-02T19:30:60Z", ""] {
+    for bad in [
+        "2026-13-02T00:00:00",
+        "2026-12-02",
+        "12/02/2026",
+        "2026-12-02T19:30:60Z",
+        "",
+    ] {
         let text = format!(r#"{{"approval_metadata": {{"c": {{"timestamp": "{bad}"}}}}}}"#);
         let err = RunState::from_json(&text).unwrap_err().to_string();
         assert!(

@@ -44,6 +44,9 @@ fn python(script: &str, stdin: &str) -> String {
     String::from_utf8(output.stdout).expect("python3 output is UTF-8")
 }
 
+/// Stands for Python's `None` in [`hex_records`].
+const NONE: &str = "\u{0}<none>";
+
 /// Decodes `hex` lines of tab-separated fields (the framing between Python and these tests, so that
 /// the exchange does not itself depend on the JSON code under test).
 fn hex_records(text: &str) -> Vec<Vec<String>> {
@@ -53,7 +56,7 @@ fn hex_records(text: &str) -> Vec<Vec<String>> {
             line.split('\t')
                 .map(|field| {
                     if field == "-" {
-                        "\u{0}<none>".to_owned()
+                        NONE.to_owned()
                     } else {
                         String::from_utf8(hex::decode(field).expect("hex")).expect("utf-8 field")
                     }
@@ -220,9 +223,64 @@ fn prefixes_are_accepted_or_rejected_like_python() {
     }
     // Also some invalid documents that are not prefixes.
     for bad in [
-        "[1,]", "{\"a\":1,}", "[01]", "[1.]", "[.5]", "[+1]", "{'a': 1}", "[1 2]", "{\"a\" 1}",
-        "{1: 2}", "\"\\x41\"", "\"\\u12\"", "[\"a\tb\"]", "nulll", "[true false]",
-        "[1] [2]", "\u{feff}[]", "[-]", "[--1]", "[1e]", "[1e+]", "[0x10]", "[Inf]", "[nan]",
+        "  ",
+        "\n\n  x",
+        "[1,\n 2,\n ]",
+        "{\"a\": 1,}",
+        "{\"a\"}",
+        "{\"a\": }",
+        "{,}",
+        "[,]",
+        "\"abc",
+        "\"a\\",
+        "\"\\u00\"",
+        "\"\\u00zz\"",
+        "\"\\ud83d\\uzzzz\"",
+        "\"\\q\"",
+        "\"tab\there\"",
+        "[\"\u{e9}\u{1F600}\", 1 2]",
+        "{\"\u{e9}\": 1 \"b\": 2}",
+        "-",
+        "-a",
+        "1.e5",
+        "1e",
+        "1E+",
+        "01.5",
+        "-01",
+        "[1.5.2]",
+        "truefalse",
+        "nan",
+        "{\"a\" \n : 1 ,}",
+        // Refused constructs followed by a real error: CPython's error wins, as in CPython.
+        "[NaN x]",
+        "[-Infinity,]",
+        "[\"\\ud800\" 1]",
+        "[1e400 1]",
+        "{\"\\udc00\": 1,}",
+        "[1,]",
+        "{\"a\":1,}",
+        "[01]",
+        "[1.]",
+        "[.5]",
+        "[+1]",
+        "{'a': 1}",
+        "[1 2]",
+        "{\"a\" 1}",
+        "{1: 2}",
+        "\"\\x41\"",
+        "\"\\u12\"",
+        "[\"a\tb\"]",
+        "nulll",
+        "[true false]",
+        "[1] [2]",
+        "\u{feff}[]",
+        "[-]",
+        "[--1]",
+        "[1e]",
+        "[1e+]",
+        "[0x10]",
+        "[Inf]",
+        "[nan]",
     ] {
         input.push_str(&hex_line(&[bad]));
     }
@@ -233,9 +291,11 @@ fn prefixes_are_accepted_or_rejected_like_python() {
 for line in sys.stdin.read().splitlines():
     text = bytes.fromhex(line).decode('utf-8')
     try:
-        emit(text, json.dumps(json.loads(text)))
-    except (ValueError, RecursionError):
-        emit(text, None)
+        emit(text, json.dumps(json.loads(text)), None)
+    except json.JSONDecodeError as e:
+        emit(text, None, '%d:%d:%s' % (e.lineno, e.colno, e.msg))
+    except (ValueError, RecursionError) as e:
+        emit(text, None, None)
 "#
         ),
         &input,
@@ -243,10 +303,26 @@ for line in sys.stdin.read().splitlines():
     let records = hex_records(&out);
     assert!(records.len() > 100);
     for record in &records {
-        let (text, expected) = (&record[0], &record[1]);
+        let (text, expected, python_error) = (&record[0], &record[1], &record[2]);
         let ours = pyjson::loads(text).map(|v| pyjson::dumps(&v).expect("dumps"));
-        if expected == "\u{0}<none>" {
-            assert!(ours.is_err(), "Python rejects {text:?}, we returned {ours:?}");
+        if expected == NONE {
+            // Same message at the same line and column as CPython's JSONDecodeError.
+            match ours {
+                Err(pyjson::JsonError::Syntax {
+                    line,
+                    column,
+                    message,
+                }) => {
+                    if python_error != NONE {
+                        assert_eq!(
+                            &format!("{line}:{column}:{message}"),
+                            python_error,
+                            "input {text:?}"
+                        );
+                    }
+                }
+                other => panic!("Python rejects {text:?}, we returned {other:?}"),
+            }
         } else {
             match ours {
                 Ok(ours) => assert_eq!(&ours, expected, "input {text:?}"),
@@ -259,7 +335,15 @@ for line in sys.stdin.read().splitlines():
 #[test]
 fn python_accepts_what_we_reject_only_where_documented() {
     // These are valid for CPython's json.loads but deliberately refused here.
-    for text in ["NaN", "Infinity", "-Infinity", "[1e400]", "-1e999", "\"\\ud800\"", "\"\\udfff\"", "\"\\ud800x\"",
+    for text in [
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "[1e400]",
+        "-1e999",
+        "\"\\ud800\"",
+        "\"\\udfff\"",
+        "\"\\ud800x\"",
         "\"\\ud800\\u0041\"",
     ] {
         let python_ok = python(
@@ -398,7 +482,10 @@ fn runstate_payloads_round_trip_byte_identical_to_python() {
                 "to_json == dumps(to_dict())"
             );
             // Canonical payloads are fixed points.
-            assert_eq!(RunState::from_json(&ours).map(|s| s.to_json()), Ok(ours.clone()));
+            assert_eq!(
+                RunState::from_json(&ours).map(|s| s.to_json()),
+                Ok(ours.clone())
+            );
             ours_all.push_str(&hex_line(&[expected, &ours]));
         }
         let check = python(

@@ -13,6 +13,8 @@ pub const DEFAULT_MAX_TURNS: u32 = 20;
 #[derive(
     Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, kube::CustomResource,
 )]
+// The printer columns repeat `type_ = "string"`, which clippy takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "agentrun.dev",
     version = "v1alpha1",

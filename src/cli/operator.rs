@@ -24,7 +24,9 @@ pub enum LogFormat {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -49,6 +51,21 @@ pub struct ControllerArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:8080).
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Take a Lease before reconciling, so that several replicas are safe.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// The namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+    /// The name of the leader Lease.
+    #[arg(long, default_value = "agentrun-controller")]
+    pub leader_election_lease: String,
+    /// This replica's identity in the Lease (default: the Pod name, or host and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_identity: Option<String>,
 }
 
 /// `agentrun worker`.
@@ -117,9 +134,27 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             worker,
             policy: crate::controller::decide::Policy {
                 max_retries: args.max_retries,
-                retry_backoff: std::time::Duration::from_secs_f64(args.retry_backoff_seconds.max(0.0)),
+                retry_backoff: std::time::Duration::from_secs_f64(
+                    args.retry_backoff_seconds.max(0.0),
+                ),
                 ..Default::default()
             },
+            metrics_addr: args.metrics_addr,
+            leader_election: args
+                .leader_elect
+                .then(|| crate::controller::LeaderElection {
+                    namespace: args.leader_election_namespace.clone(),
+                    lease_name: args.leader_election_lease.clone(),
+                    identity: args.leader_election_identity.clone().unwrap_or_else(|| {
+                        format!(
+                            "{}-{}",
+                            std::env::var("HOSTNAME").unwrap_or_else(|_| "agentrun".into()),
+                            std::process::id()
+                        )
+                    }),
+                    lease_duration: std::time::Duration::from_secs(15),
+                    grace: std::time::Duration::from_secs(5),
+                }),
         };
         match crate::controller::run(client, config).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -149,7 +184,10 @@ pub fn worker(args: WorkerArgs) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("error: step {} of {}/{}: {e}", args.step, args.namespace, args.run);
+                eprintln!(
+                    "error: step {} of {}/{}: {e}",
+                    args.step, args.namespace, args.run
+                );
                 ExitCode::FAILURE
             }
         }
@@ -186,9 +224,9 @@ pub fn dev_kubelet(args: DevKubeletArgs) -> ExitCode {
             .agentrun_binary
             .or_else(|| std::env::current_exe().ok())
             .unwrap_or_else(|| PathBuf::from("agentrun"));
-        let work_dir = args
-            .work_dir
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("agentrun-dev-kubelet-{}", std::process::id())));
+        let work_dir = args.work_dir.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("agentrun-dev-kubelet-{}", std::process::id()))
+        });
         let config = DevKubeletConfig {
             agentrun_binary: binary,
             namespace: args.namespace,

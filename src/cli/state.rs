@@ -150,8 +150,16 @@ pub fn summary(state: &RunState) -> String {
         Some(s) => one_line(s, SHOWN_CHARS),
         None => "-".to_owned(),
     };
-    let _ = writeln!(out, "run:          {}", one_line(&state.run_id, SHOWN_CHARS));
-    let _ = writeln!(out, "agent:        {}", one_line(&state.agent_name, SHOWN_CHARS));
+    let _ = writeln!(
+        out,
+        "run:          {}",
+        one_line(&state.run_id, SHOWN_CHARS)
+    );
+    let _ = writeln!(
+        out,
+        "agent:        {}",
+        one_line(&state.agent_name, SHOWN_CHARS)
+    );
     let _ = writeln!(out, "input:        {}", one_line(&state.input, SHOWN_CHARS));
     let _ = writeln!(out, "turn:         {}", state.current_turn);
     let _ = writeln!(

@@ -183,7 +183,10 @@ pub fn needs_state(run: &AgentRun, pods: &[Pod]) -> bool {
         Some(AgentRunPhase::Running) => {
             let step = status.step.unwrap_or(0);
             let attempt = status.retries.unwrap_or(0);
-            pod_outcome(find_pod(pods, &worker_pod_name(&run.name_any(), step, attempt))) == PodOutcome::Succeeded
+            pod_outcome(find_pod(
+                pods,
+                &worker_pod_name(&run.name_any(), step, attempt),
+            )) == PodOutcome::Succeeded
         }
         _ => false,
     }
@@ -251,7 +254,8 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
 }
 
 fn to_chrono(ts: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32).unwrap_or_default()
+    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32)
+        .unwrap_or_default()
 }
 
 /// The next action for a run.
@@ -333,7 +337,9 @@ fn after_step(observed: &Observed<'_>, state: &RunState) -> Action {
     }
     Action::Fail {
         reason: "NoResult",
-        message: "the worker exited successfully but its RunState neither finished nor awaits approval".into(),
+        message:
+            "the worker exited successfully but its RunState neither finished nor awaits approval"
+                .into(),
     }
 }
 
@@ -351,7 +357,9 @@ fn awaiting_requests(observed: &Observed<'_>, state: &RunState) -> Action {
             call: (*call).clone(),
             arguments: call_arguments(call),
             expires_at: observed.approval_timeouts.get(&call.tool_name).map(|&t| {
-                observed.now + chrono::Duration::from_std(t).unwrap_or_else(|_| chrono::Duration::days(36500))
+                observed.now
+                    + chrono::Duration::from_std(t)
+                        .unwrap_or_else(|_| chrono::Duration::days(36500))
             }),
         })
         .collect();
@@ -393,13 +401,22 @@ fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Actio
         let spec = &request.spec;
         let expected_digest = crate::crd::arguments_digest(&call_arguments(call));
         let superseded = if spec.agent_run_ref.uid != uid {
-            Some(format!("it names run uid {} but the run is {uid}", spec.agent_run_ref.uid))
+            Some(format!(
+                "it names run uid {} but the run is {uid}",
+                spec.agent_run_ref.uid
+            ))
         } else if spec.step != step {
-            Some(format!("it was made at step {} but the run is at step {step}", spec.step))
+            Some(format!(
+                "it was made at step {} but the run is at step {step}",
+                spec.step
+            ))
         } else if spec.tool_call_id != call.tool_call_id {
             Some("its toolCallId does not match the pending call".to_owned())
         } else if spec.arguments_digest != expected_digest || !spec.digest_matches() {
-            Some("its argumentsDigest does not match the call's arguments in the run's state".to_owned())
+            Some(
+                "its argumentsDigest does not match the call's arguments in the run's state"
+                    .to_owned(),
+            )
         } else {
             None
         };
@@ -458,10 +475,13 @@ mod tests {
         ApprovalRequestStatus,
     };
     use crate::state::{Approval, DeferredToolRequests};
-    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
     use kube::api::ObjectMeta;
 
-    static NO_TIMEOUTS: std::collections::BTreeMap<String, Duration> = std::collections::BTreeMap::new();
+    static NO_TIMEOUTS: std::collections::BTreeMap<String, Duration> =
+        std::collections::BTreeMap::new();
 
     fn run(phase: Option<AgentRunPhase>, step: u32, retries: u32) -> AgentRun {
         let mut run = AgentRun::new(
@@ -572,7 +592,13 @@ mod tests {
         let mut r = run(None, 0, 0);
         r.status = None;
         let action = decide(&observe(&r, &[], &[], None), &Policy::default());
-        assert_eq!(action, Action::StartStep { step: 0, attempt: 0 });
+        assert_eq!(
+            action,
+            Action::StartStep {
+                step: 0,
+                attempt: 0
+            }
+        );
     }
 
     #[test]
@@ -585,9 +611,16 @@ mod tests {
 
     #[test]
     fn terminal_runs_are_left_alone() {
-        for phase in [AgentRunPhase::Succeeded, AgentRunPhase::Failed, AgentRunPhase::Cancelled] {
+        for phase in [
+            AgentRunPhase::Succeeded,
+            AgentRunPhase::Failed,
+            AgentRunPhase::Cancelled,
+        ] {
             let r = run(Some(phase), 1, 0);
-            assert_eq!(decide(&observe(&r, &[], &[], None), &Policy::default()), Action::Wait);
+            assert_eq!(
+                decide(&observe(&r, &[], &[], None), &Policy::default()),
+                Action::Wait
+            );
         }
     }
 
@@ -597,26 +630,43 @@ mod tests {
         let other = [pod("r1-step-1", "Succeeded", None)];
         assert_eq!(
             decide(&observe(&r, &other, &[], None), &Policy::default()),
-            Action::CreatePod { step: 2, attempt: 0 }
+            Action::CreatePod {
+                step: 2,
+                attempt: 0
+            }
         );
         let running = [pod("r1-step-2", "Running", None)];
-        assert_eq!(decide(&observe(&r, &running, &[], None), &Policy::default()), Action::Wait);
+        assert_eq!(
+            decide(&observe(&r, &running, &[], None), &Policy::default()),
+            Action::Wait
+        );
     }
 
     #[test]
     fn a_failed_worker_is_retried_after_backoff_then_fails_the_run() {
         let r = run(Some(AgentRunPhase::Running), 0, 0);
-        let failed = [pod("r1-step-0", "Failed", Some((1, "model endpoint unreachable")))];
+        let failed = [pod(
+            "r1-step-0",
+            "Failed",
+            Some((1, "model endpoint unreachable")),
+        )];
         let policy = Policy {
             retry_backoff: Duration::ZERO,
             ..Policy::default()
         };
         assert_eq!(
             decide(&observe(&r, &failed, &[], None), &policy),
-            Action::StartStep { step: 0, attempt: 1 }
+            Action::StartStep {
+                step: 0,
+                attempt: 1
+            }
         );
         let r = run(Some(AgentRunPhase::Running), 0, 3);
-        let failed = [pod("r1-step-0-r3", "Failed", Some((1, "model endpoint unreachable")))];
+        let failed = [pod(
+            "r1-step-0-r3",
+            "Failed",
+            Some((1, "model endpoint unreachable")),
+        )];
         match decide(&observe(&r, &failed, &[], None), &policy) {
             Action::Fail { reason, message } => {
                 assert_eq!(reason, "WorkerFailed");
@@ -639,17 +689,28 @@ mod tests {
         let r = run(Some(AgentRunPhase::Running), 0, 0);
         let done = [pod("r1-step-0", "Succeeded", None)];
         assert!(needs_state(&r, &done));
-        assert_eq!(decide(&observe(&r, &done, &[], None), &Policy::default()), Action::Wait);
+        assert_eq!(
+            decide(&observe(&r, &done, &[], None), &Policy::default()),
+            Action::Wait
+        );
 
         let mut finished = RunState::new("uid-1", "ops", "hi");
         finished.final_output = Some("User u-1 deleted.".into());
         assert_eq!(
-            decide(&observe(&r, &done, &[], Some(Ok(&finished))), &Policy::default()),
-            Action::Succeed { output: "User u-1 deleted.".into() }
+            decide(
+                &observe(&r, &done, &[], Some(Ok(&finished))),
+                &Policy::default()
+            ),
+            Action::Succeed {
+                output: "User u-1 deleted.".into()
+            }
         );
 
         let halted = halted_state();
-        match decide(&observe(&r, &done, &[], Some(Ok(&halted))), &Policy::default()) {
+        match decide(
+            &observe(&r, &done, &[], Some(Ok(&halted))),
+            &Policy::default(),
+        ) {
             Action::RequestApprovals { create, pending } => {
                 assert_eq!(pending, 1);
                 assert_eq!(create.len(), 1);
@@ -660,10 +721,21 @@ mod tests {
         }
 
         let malformed = decide(
-            &observe(&r, &done, &[], Some(Err("runState: field `messages`: expected a list".into()))),
+            &observe(
+                &r,
+                &done,
+                &[],
+                Some(Err("runState: field `messages`: expected a list".into())),
+            ),
             &Policy::default(),
         );
-        assert!(matches!(malformed, Action::Fail { reason: "InvalidRunState", .. }));
+        assert!(matches!(
+            malformed,
+            Action::Fail {
+                reason: "InvalidRunState",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -672,11 +744,17 @@ mod tests {
         let state = halted_state();
         let undecided = [request(&state, None)];
         assert_eq!(
-            decide(&observe(&r, &[], &undecided, Some(Ok(&state))), &Policy::default()),
+            decide(
+                &observe(&r, &[], &undecided, Some(Ok(&state))),
+                &Policy::default()
+            ),
             Action::Wait
         );
         let approved = [request(&state, Some(Decision::Approved))];
-        match decide(&observe(&r, &[], &approved, Some(Ok(&state))), &Policy::default()) {
+        match decide(
+            &observe(&r, &[], &approved, Some(Ok(&state))),
+            &Policy::default(),
+        ) {
             Action::Resume { decisions } => {
                 assert_eq!(decisions.len(), 1);
                 assert_eq!(
@@ -698,7 +776,10 @@ mod tests {
         let mut tampered = request(&state, Some(Decision::Approved));
         tampered.spec.arguments = r#"{"user_id": "u-2"}"#.into();
         tampered.spec.arguments_digest = crate::crd::arguments_digest(&tampered.spec.arguments);
-        match decide(&observe(&r, &[], &[tampered], Some(Ok(&state))), &Policy::default()) {
+        match decide(
+            &observe(&r, &[], &[tampered], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
             Action::Resume { decisions } => {
                 assert!(matches!(decisions[0].kind, ResolvedKind::Superseded { .. }));
             }
@@ -706,7 +787,10 @@ mod tests {
         }
         let mut other_run = request(&state, Some(Decision::Approved));
         other_run.spec.agent_run_ref.uid = "uid-old".into();
-        match decide(&observe(&r, &[], &[other_run], Some(Ok(&state))), &Policy::default()) {
+        match decide(
+            &observe(&r, &[], &[other_run], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
             Action::Resume { decisions } => {
                 assert!(matches!(decisions[0].kind, ResolvedKind::Superseded { .. }));
             }
@@ -719,16 +803,26 @@ mod tests {
         let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
         let state = halted_state();
         let mut expired = request(&state, None);
-        let past = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(5);
-        expired.status.as_mut().unwrap().expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(past));
-        match decide(&observe(&r, &[], &[expired.clone()], Some(Ok(&state))), &Policy::default()) {
+        let past =
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(5);
+        expired.status.as_mut().unwrap().expires_at =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(past));
+        match decide(
+            &observe(&r, &[], &[expired.clone()], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
             Action::Resume { decisions } => assert_eq!(decisions[0].kind, ResolvedKind::Expired),
             other => panic!("expected Resume, got {other:?}"),
         }
-        let future = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
-        expired.status.as_mut().unwrap().expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(future));
+        let future =
+            k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
+        expired.status.as_mut().unwrap().expires_at =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(future));
         assert!(matches!(
-            decide(&observe(&r, &[], &[expired], Some(Ok(&state))), &Policy::default()),
+            decide(
+                &observe(&r, &[], &[expired], Some(Ok(&state))),
+                &Policy::default()
+            ),
             Action::Recheck(_)
         ));
     }

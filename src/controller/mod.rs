@@ -7,13 +7,14 @@
 //! patches). The cache holds runs without their `status.runState`; it is read only when needed.
 
 pub mod decide;
+pub mod metrics;
 pub mod worker_pod;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -28,8 +29,8 @@ use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::crd::{
-    Agent, AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec,
-    AgentRunRef, ConditionStatus, new_condition, set_condition,
+    Agent, AgentRun, AgentRunPhase, AgentRunRef, ApprovalPhase, ApprovalRequest,
+    ApprovalRequestSpec, ConditionStatus, new_condition, set_condition,
 };
 use crate::run_status::{self, StoredState};
 use crate::state::{Approval, Rejection};
@@ -45,6 +46,11 @@ pub const AUDIT_FINALIZER: &str = "agentrun.dev/keep-with-run";
 /// The annotation holding the verified identity of a run's creator (stamped at creation by the
 /// admission policy); the controller copies it to `status.createdBy`.
 pub const CREATED_BY_ANNOTATION: &str = "agentrun.dev/created-by";
+/// The annotation the admission policy stamps on an ApprovalRequest when a decision is set: the
+/// authenticated identity of who set it, as JSON `{"username", "uid", "groups"}`.
+pub const DECIDED_BY_ANNOTATION: &str = "agentrun.dev/decided-by";
+/// The annotation naming the commit of a GitOps decision.
+pub const GITOPS_COMMIT_ANNOTATION: &str = "agentrun.dev/gitops-commit";
 /// The condition type summarizing a run.
 pub const READY: &str = "Ready";
 /// The message a model gets for a call whose approval timed out.
@@ -92,11 +98,42 @@ impl ReconcileError {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The CRDs are not installed.
-    #[error("the agentrun.dev CustomResourceDefinitions are not installed (kubectl apply -f crds/): {0}")]
+    #[error(
+        "the agentrun.dev CustomResourceDefinitions are not installed (kubectl apply -f crds/): {0}"
+    )]
     CrdsMissing(String),
     /// The API server could not be reached.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// Leader election failed.
+    #[error("leader election: {0}")]
+    LeaderElection(#[from] kube_lease_manager::LeaseManagerError),
+    /// This replica lost its lease: it stops so that only the new leader reconciles.
+    #[error("lost the leader lease")]
+    LostLeadership,
+    /// The metrics endpoint could not listen.
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Leader election on a Lease, so that several replicas are safe: only the leader reconciles.
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// This replica's identity (its Pod name in a cluster).
+    pub identity: String,
+    /// How long a lease holds without renewal.
+    pub lease_duration: Duration,
+    /// How long before expiry the holder renews.
+    pub grace: Duration,
 }
 
 /// How the controller runs.
@@ -108,6 +145,10 @@ pub struct ControllerConfig {
     pub worker: WorkerSettings,
     /// Retries and rechecks.
     pub policy: Policy,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` (none when `None`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Leader election (none when `None`: this replica always reconciles).
+    pub leader_election: Option<LeaderElection>,
 }
 
 /// What every reconcile shares.
@@ -118,11 +159,14 @@ pub struct Context {
     pub recorder: Recorder,
     /// Settings.
     pub config: ControllerConfig,
+    /// Metrics.
+    pub metrics: Arc<metrics::Metrics>,
     pods: Store<Pod>,
     requests: Store<ApprovalRequest>,
 }
 
-/// Checks the CRDs are served, then runs the controller until a shutdown signal.
+/// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
+/// then runs the controller until a shutdown signal (or until it loses the lease).
 pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartError> {
     let runs: Api<AgentRun> = scoped(&client, &config.namespace);
     if let Err(e) = runs.list(&ListParams::default().limit(1)).await {
@@ -131,6 +175,86 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
             other => StartError::Kube(other),
         });
     }
+    let probe = metrics::Probe {
+        metrics: Arc::default(),
+        ready: Arc::default(),
+        synced: Arc::default(),
+        caches: Arc::default(),
+    };
+    let _server = match config.metrics_addr {
+        Some(addr) => {
+            let listener_probe = probe.clone();
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Metrics { addr, source })?;
+            info!(%addr, "serving /metrics, /healthz and /readyz");
+            Some(AbortOnDrop(tokio::spawn(async move {
+                if let Err(error) = metrics::serve(listener, listener_probe).await {
+                    warn!(%error, "metrics endpoint stopped");
+                }
+            })))
+        }
+        None => None,
+    };
+    let Some(election) = config.leader_election.clone() else {
+        run_controller(client, config, probe).await;
+        return Ok(());
+    };
+    let manager =
+        kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease_name)
+            .with_namespace(&election.namespace)
+            .with_identity(&election.identity)
+            .with_duration(election.lease_duration.as_secs().max(2))
+            .with_grace(
+                election
+                    .grace
+                    .as_secs()
+                    .clamp(1, election.lease_duration.as_secs().max(2) - 1),
+            )
+            .build()
+            .await?;
+    let (mut leader, lease_task) = manager.watch().await;
+    // A standby replica is healthy and ready: it only waits for the lease.
+    probe
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    info!(identity = %election.identity, lease = %election.lease_name, "waiting for the leader lease");
+    while !*leader.borrow_and_update() {
+        if leader.changed().await.is_err() {
+            return Err(StartError::LostLeadership);
+        }
+    }
+    info!(identity = %election.identity, "acquired the leader lease");
+    probe
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let lost = async {
+        loop {
+            if leader.changed().await.is_err() || !*leader.borrow_and_update() {
+                return;
+            }
+        }
+    };
+    let result = tokio::select! {
+        () = run_controller(client, config, probe) => Ok(()),
+        () = lost => Err(StartError::LostLeadership),
+    };
+    // Closing the channel releases the lease for the next leader.
+    drop(leader);
+    let _ = lease_task.await;
+    result
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn run_controller(client: Client, config: ControllerConfig, probe: metrics::Probe) {
+    let runs: Api<AgentRun> = scoped(&client, &config.namespace);
     let pods: Api<Pod> = scoped(&client, &config.namespace);
     let requests: Api<ApprovalRequest> = scoped(&client, &config.namespace);
 
@@ -139,6 +263,7 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
         .default_backoff()
         .modify(strip_run)
         .reflect(run_writer)
+        .inspect_ok(synced(&probe, 0b001))
         .touched_objects();
     let (pod_reader, pod_writer) = reflector::store();
     let pod_stream = watcher(
@@ -148,13 +273,19 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
     .default_backoff()
     .modify(|p: &mut Pod| p.managed_fields_mut().clear())
     .reflect(pod_writer)
+    .inspect_ok(synced(&probe, 0b010))
     .touched_objects();
     let (request_reader, request_writer) = reflector::store();
     let request_stream = watcher(requests, watcher::Config::default())
         .default_backoff()
-        .modify(|r: &mut ApprovalRequest| r.managed_fields_mut().clear())
+        .modify(|r: &mut ApprovalRequest| strip_request(r))
         .reflect(request_writer)
+        .inspect_ok(synced(&probe, 0b100))
         .touched_objects();
+
+    let _ = probe
+        .caches
+        .set((run_reader.clone(), request_reader.clone()));
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
@@ -164,6 +295,7 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
         recorder: Recorder::new(client.clone(), reporter),
         client,
         config,
+        metrics: probe.metrics.clone(),
         pods: pod_reader,
         requests: request_reader,
     });
@@ -175,12 +307,26 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(error) = result {
-                warn!(%error, "reconcile failed");
+                tracing::debug!(%error, "reconcile failed");
             }
         })
         .await;
     info!("agentrun controller stopped");
-    Ok(())
+}
+
+/// Marks one cache as synced when its watch has listed everything; the replica is ready once all
+/// three are. (Store::wait_until_ready wakes a single waiter, which the controller itself uses.)
+fn synced<K>(probe: &metrics::Probe, bit: u8) -> impl Fn(&watcher::Event<K>) + use<K> {
+    let mask = probe.synced.clone();
+    let ready = probe.ready.clone();
+    move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            let all = mask.fetch_or(bit, std::sync::atomic::Ordering::Relaxed) | bit;
+            if all == 0b111 && !ready.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                info!("caches synced");
+            }
+        }
+    }
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -202,6 +348,14 @@ fn strip_run(run: &mut AgentRun) {
     }
 }
 
+/// The cache keeps ApprovalRequests without their managed fields' field sets (only who wrote and
+/// when, which dates a decision).
+fn strip_request(request: &mut ApprovalRequest) {
+    for entry in request.managed_fields_mut() {
+        entry.fields_v1 = None;
+    }
+}
+
 /// Requeues a failed reconcile with a delay (conflicts quickly, others slower).
 pub fn error_policy(run: Arc<AgentRun>, error: &ReconcileError, _: Arc<Context>) -> Requeue {
     warn!(run = %run.name_any(), error = %error, label = error.metric_label(), "reconcile error");
@@ -217,7 +371,8 @@ pub fn error_policy(run: Arc<AgentRun>, error: &ReconcileError, _: Arc<Context>)
 pub async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, ReconcileError> {
     let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
     let span = info_span!("reconcile", run = %run.name_any(), namespace = %ns);
-    async move {
+    let started = std::time::Instant::now();
+    let result = async {
         let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
         finalizer(&api, RUN_FINALIZER, run, |event| async {
             match event {
@@ -229,20 +384,25 @@ pub async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue,
         .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
     }
     .instrument(span)
-    .await
+    .await;
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    ctx.metrics.reconciled(label, started.elapsed());
+    result
 }
 
-fn of_run<K: Resource + ResourceExt>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K>
-where
-    K: Clone,
-{
+fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
     let ns = run.namespace();
     let uid = run.uid();
     objects
         .into_iter()
         .filter(|o| {
             o.namespace() == ns
-                && o.owner_references().iter().any(|r| Some(&r.uid) == uid.as_ref())
+                && o.owner_references()
+                    .iter()
+                    .any(|r| Some(&r.uid) == uid.as_ref())
         })
         .map(|o| (*o).clone())
         .collect()
@@ -295,7 +455,25 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
     };
     let action = decide::decide(&observed, &ctx.config.policy);
     tracing::debug!(?action, "decided");
-    let io = Io { ctx, run: observed_run, ns: &ns };
+    let io = Io {
+        ctx,
+        run: observed_run,
+        ns: &ns,
+        observed_requests: &requests,
+        allow_self_approval: agent
+            .as_ref()
+            .is_some_and(|a| a.spec.approvals.allow_self_approval),
+    };
+    if matches!(
+        action,
+        Action::StartStep { attempt: 1.., .. }
+            | Action::Fail {
+                reason: "WorkerFailed",
+                ..
+            }
+    ) {
+        ctx.metrics.worker_failures.inc();
+    }
     match action {
         Action::Wait => Ok(Requeue::await_change()),
         Action::Recheck(after) => Ok(Requeue::requeue(after)),
@@ -326,6 +504,8 @@ struct Io<'a> {
     ctx: &'a Context,
     run: &'a AgentRun,
     ns: &'a str,
+    observed_requests: &'a [ApprovalRequest],
+    allow_self_approval: bool,
 }
 
 impl Io<'_> {
@@ -355,7 +535,13 @@ impl Io<'_> {
         }
     }
 
-    async fn event_on_request(&self, request: &ApprovalRequest, type_: EventType, reason: &str, note: String) {
+    async fn event_on_request(
+        &self,
+        request: &ApprovalRequest,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -363,13 +549,22 @@ impl Io<'_> {
             action: reason.into(),
             secondary: Some(self.run.object_ref(&())),
         };
-        if let Err(error) = self.ctx.recorder.publish(&event, &request.object_ref(&())).await {
+        if let Err(error) = self
+            .ctx
+            .recorder
+            .publish(&event, &request.object_ref(&()))
+            .await
+        {
             warn!(%error, reason, "could not publish an Event");
         }
     }
 
     /// Merge-patches the run's status; with `guard`, only if the run is unchanged since it was read.
-    async fn patch_status(&self, mut patch: serde_json::Value, guard: bool) -> Result<(), ReconcileError> {
+    async fn patch_status(
+        &self,
+        mut patch: serde_json::Value,
+        guard: bool,
+    ) -> Result<(), ReconcileError> {
         if guard {
             patch["metadata"] = json!({"resourceVersion": self.run.resource_version()});
         }
@@ -383,7 +578,12 @@ impl Io<'_> {
         Ok(())
     }
 
-    fn conditions_with(&self, status: ConditionStatus, reason: &str, message: &str) -> serde_json::Value {
+    fn conditions_with(
+        &self,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+    ) -> serde_json::Value {
         let mut conditions = self
             .run
             .status
@@ -424,13 +624,21 @@ impl Io<'_> {
                 patch["status"]["phase"] = json!(AgentRunPhase::Pending);
             }
             self.patch_status(patch, false).await?;
-            self.event(EventType::Warning, "AgentNotFound", message).await;
+            self.event(EventType::Warning, "AgentNotFound", message)
+                .await;
         }
         Ok(Requeue::requeue(self.ctx.config.policy.recheck))
     }
 
     async fn ensure_worker_identity(&self, agent: &Agent) -> Result<(), ReconcileError> {
-        if self.run.spec.worker.as_ref().and_then(|w| w.service_account_name.as_ref()).is_some() {
+        if self
+            .run
+            .spec
+            .worker
+            .as_ref()
+            .and_then(|w| w.service_account_name.as_ref())
+            .is_some()
+        {
             return Ok(());
         }
         let (account, role, binding) = worker_pod::worker_identity(self.run, agent);
@@ -438,22 +646,39 @@ impl Io<'_> {
         let client = &self.ctx.client;
         let name = account.name_any();
         Api::<ServiceAccount>::namespaced(client.clone(), self.ns)
-            .patch(&name, &params, &Patch::Apply(typed(&account, "v1", "ServiceAccount")))
+            .patch(
+                &name,
+                &params,
+                &Patch::Apply(typed(&account, "v1", "ServiceAccount")),
+            )
             .await?;
         Api::<Role>::namespaced(client.clone(), self.ns)
-            .patch(&name, &params, &Patch::Apply(typed(&role, "rbac.authorization.k8s.io/v1", "Role")))
+            .patch(
+                &name,
+                &params,
+                &Patch::Apply(typed(&role, "rbac.authorization.k8s.io/v1", "Role")),
+            )
             .await?;
         Api::<RoleBinding>::namespaced(client.clone(), self.ns)
             .patch(
                 &name,
                 &params,
-                &Patch::Apply(typed(&binding, "rbac.authorization.k8s.io/v1", "RoleBinding")),
+                &Patch::Apply(typed(
+                    &binding,
+                    "rbac.authorization.k8s.io/v1",
+                    "RoleBinding",
+                )),
             )
             .await?;
         Ok(())
     }
 
-    async fn start_step(&self, agent: &Agent, step: u32, attempt: u32) -> Result<Requeue, ReconcileError> {
+    async fn start_step(
+        &self,
+        agent: &Agent,
+        step: u32,
+        attempt: u32,
+    ) -> Result<Requeue, ReconcileError> {
         if step == 0 && attempt == 0 {
             self.ensure_worker_identity(agent).await?;
         }
@@ -471,14 +696,10 @@ impl Io<'_> {
         if status.started_at.is_none() {
             patch["status"]["startedAt"] = json!(Time(k8s_openapi::jiff::Timestamp::now()));
         }
-        if status.created_by.is_none() {
-            if let Some(creator) = self
-                .run
-                .annotations()
-                .get(CREATED_BY_ANNOTATION)
-            {
-                patch["status"]["createdBy"] = json!(creator);
-            }
+        if status.created_by.is_none()
+            && let Some(creator) = self.run.annotations().get(CREATED_BY_ANNOTATION)
+        {
+            patch["status"]["createdBy"] = json!(creator);
         }
         self.patch_status(patch, true).await?;
         self.create_pod(step, attempt).await?;
@@ -510,9 +731,18 @@ impl Io<'_> {
         }
     }
 
-    async fn request_approvals(&self, create: Vec<NewRequest>, pending: u32) -> Result<Requeue, ReconcileError> {
+    async fn request_approvals(
+        &self,
+        create: Vec<NewRequest>,
+        pending: u32,
+    ) -> Result<Requeue, ReconcileError> {
         let run_name = self.run.name_any();
-        let creator = self.run.status.as_ref().and_then(|s| s.created_by.clone());
+        // With self-approval allowed the creator is not copied, so the policy does not refuse it.
+        let creator = if self.allow_self_approval {
+            None
+        } else {
+            self.run.status.as_ref().and_then(|s| s.created_by.clone())
+        };
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for new in &create {
             let mut request = ApprovalRequest::new(
@@ -535,19 +765,32 @@ impl Io<'_> {
                 },
             );
             request.metadata.namespace = Some(self.ns.to_owned());
-            request.metadata.labels = Some([(RUN_LABEL.to_owned(), worker_pod::label_value(&run_name))].into());
+            request.metadata.labels =
+                Some([(RUN_LABEL.to_owned(), worker_pod::label_value(&run_name))].into());
             request.metadata.owner_references = self.run.controller_owner_ref(&()).map(|o| vec![o]);
             request.metadata.finalizers = Some(vec![AUDIT_FINALIZER.to_owned()]);
             let created = self
                 .requests()
-                .patch(&new.name, &params, &Patch::Apply(typed(&request, crate::crd::API_VERSION, "ApprovalRequest")))
+                .patch(
+                    &new.name,
+                    &params,
+                    &Patch::Apply(typed(&request, crate::crd::API_VERSION, "ApprovalRequest")),
+                )
                 .await?;
             let mut status = json!({"status": {"phase": ApprovalPhase::Pending}});
             if let Some(at) = new.expires_at {
-                status["status"]["expiresAt"] = json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+                status["status"]["expiresAt"] =
+                    json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
             }
             self.requests()
-                .patch_status(&new.name, &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &Patch::Merge(&status))
+                .patch_status(
+                    &new.name,
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &Patch::Merge(&status),
+                )
                 .await?;
             self.event_on_request(
                 &created,
@@ -561,7 +804,9 @@ impl Io<'_> {
             .await;
         }
         let status = self.run.status.clone().unwrap_or_default();
-        if status.phase != Some(AgentRunPhase::AwaitingApproval) || status.pending_approvals != Some(pending) {
+        if status.phase != Some(AgentRunPhase::AwaitingApproval)
+            || status.pending_approvals != Some(pending)
+        {
             let patch = json!({"status": {
                 "phase": AgentRunPhase::AwaitingApproval,
                 "pendingApprovals": pending,
@@ -572,43 +817,88 @@ impl Io<'_> {
             self.event(
                 EventType::Normal,
                 "AwaitingApproval",
-                format!("Run halted at step {}: {pending} tool call(s) await approval", status.step.unwrap_or(0)),
+                format!(
+                    "Run halted at step {}: {pending} tool call(s) await approval",
+                    status.step.unwrap_or(0)
+                ),
             )
             .await;
         }
         Ok(Requeue::await_change())
     }
 
-    async fn resume(&self, mut state: crate::state::RunState, decisions: Vec<ResolvedDecision>) -> Result<Requeue, ReconcileError> {
+    async fn resume(
+        &self,
+        mut state: crate::state::RunState,
+        decisions: Vec<ResolvedDecision>,
+    ) -> Result<Requeue, ReconcileError> {
         let now = Utc::now();
         let requests = self.requests();
         let status_params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
+        let mut decided_times = Vec::new();
         for decision in &decisions {
+            let observed = self
+                .observed_requests
+                .iter()
+                .find(|r| r.name_any() == decision.request);
+            let decided_at = observed.and_then(decision_time).unwrap_or(now);
+            if let Some(created) = observed.and_then(|r| r.meta().creation_timestamp.as_ref()) {
+                let created =
+                    chrono::DateTime::from_timestamp(created.0.as_second(), 0).unwrap_or(now);
+                self.ctx
+                    .metrics
+                    .approval_wait
+                    .observe((decided_at - created).num_milliseconds().max(0) as f64 / 1000.0);
+            }
+            decided_times.push(decided_at);
+            let now = decided_at;
             let (result, phase) = match &decision.kind {
-                ResolvedKind::Approved { approver_id, reason } => {
+                ResolvedKind::Approved {
+                    approver_id,
+                    reason,
+                } => {
                     let mut a = Approval::new().at(now);
                     a.approver_id = approver_id.clone();
                     a.reason = reason.clone();
-                    (state.approve(&decision.tool_call_id, a), ApprovalPhase::Approved)
+                    (
+                        state.approve(&decision.tool_call_id, a),
+                        ApprovalPhase::Approved,
+                    )
                 }
-                ResolvedKind::Rejected { approver_id, reason, message } => {
+                ResolvedKind::Rejected {
+                    approver_id,
+                    reason,
+                    message,
+                } => {
                     let mut r = Rejection::new().at(now);
                     r.approver_id = approver_id.clone();
                     r.reason = reason.clone();
                     r.message = message.clone();
-                    (state.reject(&decision.tool_call_id, r), ApprovalPhase::Rejected)
+                    (
+                        state.reject(&decision.tool_call_id, r),
+                        ApprovalPhase::Rejected,
+                    )
                 }
                 ResolvedKind::Expired => (
-                    state.reject(&decision.tool_call_id, Rejection::new().message(EXPIRED_MESSAGE).reason("expired").at(now)),
+                    state.reject(
+                        &decision.tool_call_id,
+                        Rejection::new()
+                            .message(EXPIRED_MESSAGE)
+                            .reason("expired")
+                            .at(now),
+                    ),
                     ApprovalPhase::Expired,
                 ),
                 ResolvedKind::Superseded { why } => (
                     state.reject(
                         &decision.tool_call_id,
-                        Rejection::new().message(SUPERSEDED_MESSAGE).reason(format!("superseded: {why}")).at(now),
+                        Rejection::new()
+                            .message(SUPERSEDED_MESSAGE)
+                            .reason(format!("superseded: {why}"))
+                            .at(now),
                     ),
                     ApprovalPhase::Superseded,
                 ),
@@ -617,27 +907,64 @@ impl Io<'_> {
                 request: decision.request.clone(),
                 message: e.to_string(),
             })?;
-            let patch = json!({"status": {
+            let mut patch = json!({"status": {
                 "phase": phase,
                 "decidedAt": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             }});
-            let request = requests.patch_status(&decision.request, &status_params, &Patch::Merge(&patch)).await?;
+            if let Some(identity) = observed.and_then(verified_identity) {
+                patch["status"]["verifiedIdentity"] = json!(identity);
+            }
+            let request = requests
+                .patch_status(&decision.request, &status_params, &Patch::Merge(&patch))
+                .await?;
             let (type_, reason, note) = match &decision.kind {
-                ResolvedKind::Approved { approver_id, reason } => (
+                ResolvedKind::Approved {
+                    approver_id,
+                    reason,
+                } => (
                     EventType::Normal,
                     "Approved",
-                    format!("Approved by {}: {}", approver_id.as_deref().unwrap_or("unknown"), reason.as_deref().unwrap_or("no reason given")),
+                    format!(
+                        "Approved by {}: {}",
+                        approver_id.as_deref().unwrap_or("unknown"),
+                        reason.as_deref().unwrap_or("no reason given")
+                    ),
                 ),
-                ResolvedKind::Rejected { approver_id, reason, .. } => (
+                ResolvedKind::Rejected {
+                    approver_id,
+                    reason,
+                    ..
+                } => (
                     EventType::Normal,
                     "Rejected",
-                    format!("Rejected by {}: {}", approver_id.as_deref().unwrap_or("unknown"), reason.as_deref().unwrap_or("no reason given")),
+                    format!(
+                        "Rejected by {}: {}",
+                        approver_id.as_deref().unwrap_or("unknown"),
+                        reason.as_deref().unwrap_or("no reason given")
+                    ),
                 ),
-                ResolvedKind::Expired => (EventType::Warning, "Expired", format!("Approval of {} timed out; treated as rejected", decision.tool_call_id)),
-                ResolvedKind::Superseded { why } => (EventType::Warning, "Superseded", format!("Decision on {} refused: {why}", decision.request)),
+                ResolvedKind::Expired => (
+                    EventType::Warning,
+                    "Expired",
+                    format!(
+                        "Approval of {} timed out; treated as rejected",
+                        decision.tool_call_id
+                    ),
+                ),
+                ResolvedKind::Superseded { why } => (
+                    EventType::Warning,
+                    "Superseded",
+                    format!("Decision on {} refused: {why}", decision.request),
+                ),
             };
-            self.event_on_request(&request, type_, reason, note.clone()).await;
-            self.event(type_, reason, format!("{} ({})", note, decision.tool_call_id)).await;
+            self.event_on_request(&request, type_, reason, note.clone())
+                .await;
+            self.event(
+                type_,
+                reason,
+                format!("{} ({})", note, decision.tool_call_id),
+            )
+            .await;
         }
         let step = self.run.status.as_ref().and_then(|s| s.step).unwrap_or(0) + 1;
         let pod = decide::worker_pod_name(&self.run.name_any(), step, 0);
@@ -649,12 +976,30 @@ impl Io<'_> {
         status["pendingApprovals"] = json!(0);
         status["workerPod"] = json!(pod);
         status["observedGeneration"] = json!(self.run.metadata.generation);
-        status["conditions"] = self.conditions_with(ConditionStatus::False, "Running", &format!("resumed in worker Pod {pod} at step {step}"));
+        status["conditions"] = self.conditions_with(
+            ConditionStatus::False,
+            "Running",
+            &format!("resumed in worker Pod {pod} at step {step}"),
+        );
         // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
         self.patch_status(json!({"status": status}), true).await?;
         self.create_pod(step, 0).await?;
-        self.event(EventType::Normal, "Resumed", format!("Resumed at step {step} after {} decision(s)", decisions.len()))
-            .await;
+        let created = Utc::now();
+        for decided_at in decided_times {
+            self.ctx
+                .metrics
+                .resume_latency
+                .observe((created - decided_at).num_milliseconds().max(0) as f64 / 1000.0);
+        }
+        self.event(
+            EventType::Normal,
+            "Resumed",
+            format!(
+                "Resumed at step {step} after {} decision(s)",
+                decisions.len()
+            ),
+        )
+        .await;
         Ok(Requeue::await_change())
     }
 
@@ -668,7 +1013,12 @@ impl Io<'_> {
             "conditions": self.conditions_with(ConditionStatus::True, "Succeeded", "the run finished"),
         }});
         self.patch_status(patch, false).await?;
-        self.event(EventType::Normal, "Succeeded", format!("Run finished: {}", truncate(&output, 200))).await;
+        self.event(
+            EventType::Normal,
+            "Succeeded",
+            format!("Run finished: {}", truncate(&output, 200)),
+        )
+        .await;
         Ok(Requeue::await_change())
     }
 
@@ -680,9 +1030,33 @@ impl Io<'_> {
             "conditions": self.conditions_with(ConditionStatus::False, reason, message),
         }});
         self.patch_status(patch, false).await?;
-        self.event(EventType::Warning, "Failed", format!("{reason}: {message}")).await;
+        self.event(EventType::Warning, "Failed", format!("{reason}: {message}"))
+            .await;
         Ok(Requeue::await_change())
     }
+}
+
+/// When a person set the decision: the latest write to the request's spec by anyone but the
+/// controller (from its managed fields).
+fn decision_time(request: &ApprovalRequest) -> Option<chrono::DateTime<Utc>> {
+    request
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER) && m.subresource.is_none())
+        .filter_map(|m| m.time.as_ref())
+        .map(|t| {
+            chrono::DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
+                .unwrap_or_default()
+        })
+        .max()
+}
+
+/// The identity the admission policy verified and stamped when the decision was set.
+fn verified_identity(request: &ApprovalRequest) -> Option<crate::crd::VerifiedIdentity> {
+    let text = request.annotations().get(DECIDED_BY_ANNOTATION)?;
+    serde_json::from_str(text).ok()
 }
 
 /// Cleanup on delete: release the run's ApprovalRequests so the garbage collector can remove
@@ -700,8 +1074,12 @@ async fn cleanup(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, Reconcile
             .collect();
         if finalizers.len() != request.finalizers().len() {
             let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": request.resource_version()}});
-            api.patch(&request.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            api.patch(
+                &request.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
         }
     }
     Ok(Requeue::await_change())

@@ -34,7 +34,10 @@ pub struct WorkerSettings {
 impl Default for WorkerSettings {
     fn default() -> Self {
         WorkerSettings {
-            image: format!("ghcr.io/agentrun-dev/agentrun:{}", env!("CARGO_PKG_VERSION")),
+            image: format!(
+                "ghcr.io/agentrun-dev/agentrun:{}",
+                env!("CARGO_PKG_VERSION")
+            ),
             image_pull_policy: None,
             env: vec![],
         }
@@ -96,18 +99,24 @@ pub fn worker_pod(run: &AgentRun, step: u32, attempt: u32, settings: &WorkerSett
         .get_or_insert_with(Default::default)
         .insert(STEP_LABEL.to_owned(), step.to_string());
     let overrides = run.spec.worker.clone().unwrap_or_default();
-    let image = overrides.image.clone().unwrap_or_else(|| settings.image.clone());
-    let resources = overrides.resources.clone().unwrap_or_else(|| ResourceRequirements {
-        requests: Some(
-            [
-                ("cpu".to_owned(), Quantity("50m".into())),
-                ("memory".to_owned(), Quantity("64Mi".into())),
-            ]
-            .into(),
-        ),
-        limits: Some([("memory".to_owned(), Quantity("512Mi".into()))].into()),
-        ..Default::default()
-    });
+    let image = overrides
+        .image
+        .clone()
+        .unwrap_or_else(|| settings.image.clone());
+    let resources = overrides
+        .resources
+        .clone()
+        .unwrap_or_else(|| ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_owned(), Quantity("50m".into())),
+                    ("memory".to_owned(), Quantity("64Mi".into())),
+                ]
+                .into(),
+            ),
+            limits: Some([("memory".to_owned(), Quantity("512Mi".into()))].into()),
+            ..Default::default()
+        });
     let mut env: Vec<EnvVar> = settings
         .env
         .iter()
@@ -270,7 +279,10 @@ mod tests {
         let pod = worker_pod(&run(), 2, 0, &WorkerSettings::default());
         assert_eq!(pod.metadata.name.as_deref(), Some("r1-step-2"));
         let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("AgentRun", "uid-1", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("AgentRun", "uid-1", Some(true))
+        );
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["app.kubernetes.io/managed-by"], "agentrun");
         assert_eq!(labels[RUN_LABEL], "r1");
@@ -281,12 +293,23 @@ mod tests {
         let c = &spec.containers[0];
         assert_eq!(
             c.args.as_ref().unwrap(),
-            &["worker", "--namespace", "team", "--run", "r1", "--step", "2"]
+            &[
+                "worker",
+                "--namespace",
+                "team",
+                "--run",
+                "r1",
+                "--step",
+                "2"
+            ]
         );
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
-        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(),
+            &["ALL"]
+        );
         assert_eq!(spec.security_context.unwrap().run_as_non_root, Some(true));
     }
 
@@ -307,7 +330,10 @@ mod tests {
         let pod = worker_pod(&r, 0, 0, &WorkerSettings::default());
         let spec = pod.spec.unwrap();
         assert_eq!(spec.service_account_name.as_deref(), Some("custom"));
-        assert_eq!(spec.containers[0].image.as_deref(), Some("example.com/agentrun:dev"));
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("example.com/agentrun:dev")
+        );
     }
 
     #[test]
@@ -321,8 +347,19 @@ mod tests {
         .unwrap();
         let (_, role, binding) = worker_identity(&run(), &agent);
         let rules = role.rules.unwrap();
-        let names: Vec<_> = rules.iter().map(|r| r.resource_names.clone().unwrap()).collect();
-        assert_eq!(names, [vec!["r1".to_string()], vec!["r1".into()], vec!["ops".into()], vec!["openai".into()]]);
+        let names: Vec<_> = rules
+            .iter()
+            .map(|r| r.resource_names.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                vec!["r1".to_string()],
+                vec!["r1".into()],
+                vec!["ops".into()],
+                vec!["openai".into()]
+            ]
+        );
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
     }

@@ -5,13 +5,15 @@
 //!
 //! The CRDs carry the API server's side of the approval guarantees: bounded lengths and enums in
 //! the schema, and CEL rules that keep an ApprovalRequest's request fields immutable and make a
-//! decision final.
+//! decision final; [`policy`] generates the admission policies and RBAC roles installed beside
+//! them.
 
 mod agent;
 pub mod agent_run;
 pub mod approval_request;
 pub mod conditions;
 pub mod names;
+pub mod policy;
 
 use std::path::{Path, PathBuf};
 
@@ -82,6 +84,25 @@ pub enum CrdError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// A generated manifest (admission policies, roles) could not be rendered as YAML.
+    #[error("cannot render {file} as YAML: {source}")]
+    RenderManifest {
+        /// The file under `crds/`.
+        file: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    /// An ApprovalRequest's `agentrun.dev/decided-by` annotation is not the identity JSON the
+    /// stamping policy writes.
+    #[error("annotation agentrun.dev/decided-by is not a stamped identity ({source}): {value}")]
+    DecidedBy {
+        /// The annotation's value (its first 200 characters).
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: serde_json::Error,
     },
     /// A CRD file could not be written.
     #[error("cannot write {}: {source}", path.display())]
@@ -158,8 +179,9 @@ pub fn generate() -> Result<Vec<GeneratedCrd>, CrdError> {
         .collect()
 }
 
-/// Writes every generated CRD into `dir` (created if missing), returning the paths written.
-/// Files whose content is already up to date are left untouched.
+/// Writes every generated CRD, then the admission policies and roles ([`policy::generate`]), into
+/// `dir` (created if missing), returning the paths written. Files whose content is already up to
+/// date are left untouched.
 pub fn write_crds(dir: &Path) -> Result<Vec<PathBuf>, CrdError> {
     std::fs::create_dir_all(dir).map_err(|source| CrdError::CreateDir {
         path: dir.to_owned(),
@@ -177,6 +199,7 @@ pub fn write_crds(dir: &Path) -> Result<Vec<PathBuf>, CrdError> {
         }
         written.push(path);
     }
+    written.extend(policy::write_manifests(dir)?);
     Ok(written)
 }
 
@@ -453,10 +476,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("nested/crds");
         let paths = write_crds(&out).unwrap();
-        assert_eq!(paths.len(), 3);
+        assert_eq!(paths.len(), 5);
         for generated in generate().unwrap() {
             let text = std::fs::read_to_string(out.join(generated.file_name)).unwrap();
             assert_eq!(text, generated.yaml);
+        }
+        for manifest in policy::generate().unwrap() {
+            let text = std::fs::read_to_string(out.join(manifest.file_name)).unwrap();
+            assert_eq!(text, manifest.yaml);
         }
     }
 }

@@ -378,21 +378,21 @@ impl RunState {
     /// writes it (`NaN`, `Infinity`, the integer in full), with over-deep values replaced by `null`.
     /// Use [`RunState::try_to_json`] to get an error instead.
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(256);
+        let mut writer = pyjson::Writer::lenient();
         // The lenient writer cannot fail.
-        let _ = self.write_json(&mut pyjson::Writer::lenient(&mut out));
-        out
+        let _ = self.write_json(&mut writer);
+        writer.finish()
     }
 
     /// Like [`RunState::to_json`], but fails where [`pyjson::dumps`] fails.
     pub fn try_to_json(&self) -> Result<String, StateError> {
-        let mut out = String::with_capacity(256);
-        self.write_json(&mut pyjson::Writer::strict(&mut out))?;
-        Ok(out)
+        let mut writer = pyjson::Writer::strict();
+        self.write_json(&mut writer)?;
+        Ok(writer.finish())
     }
 
     /// Writes `to_dict()` without building it (same bytes as `dumps(&to_dict())`).
-    fn write_json(&self, w: &mut pyjson::Writer<'_>) -> Result<(), JsonError> {
+    fn write_json(&self, w: &mut pyjson::Writer) -> Result<(), JsonError> {
         w.raw("{\"run_id\": ");
         w.str(&self.run_id);
         w.raw(", \"agent_name\": ");
@@ -537,7 +537,8 @@ impl RunState {
             .approvals
             .iter()
             .filter(|call| {
-                !self.is_approved(&call.tool_call_id) && self.rejection(&call.tool_call_id).is_none()
+                !self.is_approved(&call.tool_call_id)
+                    && self.rejection(&call.tool_call_id).is_none()
             })
             .collect()
     }
@@ -622,8 +623,16 @@ impl RunState {
                     .deferred_tool_requests
                     .approvals
                     .push(DeferredToolCall {
-                        tool_call_id: required(take_str(&mut call, "tool_call_id", &at)?, &at, "tool_call_id")?,
-                        tool_name: required(take_str(&mut call, "tool_name", &at)?, &at, "tool_name")?,
+                        tool_call_id: required(
+                            take_str(&mut call, "tool_call_id", &at)?,
+                            &at,
+                            "tool_call_id",
+                        )?,
+                        tool_name: required(
+                            take_str(&mut call, "tool_name", &at)?,
+                            &at,
+                            "tool_name",
+                        )?,
                         // Any JSON is valid arguments (`null` included); only a missing key
                         // defaults, to an empty dict.
                         args: call
@@ -640,11 +649,7 @@ impl RunState {
             match item {
                 Value::Str(id) => state.approved_tools.push(id),
                 other => {
-                    return Err(wrong_type(
-                        format!("approved_tools[{i}]"),
-                        "a str",
-                        &other,
-                    ));
+                    return Err(wrong_type(format!("approved_tools[{i}]"), "a str", &other));
                 }
             }
         }
@@ -657,7 +662,11 @@ impl RunState {
             let mut entry = expect_dict(item, &at)?;
             let at = format!("{at}.");
             state.rejected_tools.push(RejectedTool {
-                tool_call_id: required(take_str(&mut entry, "tool_call_id", &at)?, &at, "tool_call_id")?,
+                tool_call_id: required(
+                    take_str(&mut entry, "tool_call_id", &at)?,
+                    &at,
+                    "tool_call_id",
+                )?,
                 message: take_str(&mut entry, "message", &at)?,
             });
         }
@@ -669,10 +678,11 @@ impl RunState {
                 let approver_id = take_str(&mut entry, "approver_id", &at)?;
                 let reason = take_str(&mut entry, "reason", &at)?;
                 let raw = required(take_str(&mut entry, "timestamp", &at)?, &at, "timestamp")?;
-                let timestamp = parse_timestamp(&raw).map_err(|problem| StateError::InvalidValue {
-                    path: format!("{at}timestamp"),
-                    problem: format!("invalid timestamp {}: {problem}", quote_key(&raw)),
-                })?;
+                let timestamp =
+                    parse_timestamp(&raw).map_err(|problem| StateError::InvalidValue {
+                        path: format!("{at}timestamp"),
+                        problem: format!("invalid timestamp {}: {problem}", quote_key(&raw)),
+                    })?;
                 state.approval_metadata.insert(
                     id,
                     ApprovalMetadata {
@@ -696,7 +706,7 @@ impl RunState {
 }
 
 /// Writes a list whose items sit inside `open` containers (counting the list itself).
-fn write_list(w: &mut pyjson::Writer<'_>, items: &[Value], open: usize) -> Result<(), JsonError> {
+fn write_list(w: &mut pyjson::Writer, items: &[Value], open: usize) -> Result<(), JsonError> {
     if items.is_empty() {
         w.raw("[]");
         return Ok(());
@@ -712,7 +722,7 @@ fn write_list(w: &mut pyjson::Writer<'_>, items: &[Value], open: usize) -> Resul
     Ok(())
 }
 
-fn write_opt_str(w: &mut pyjson::Writer<'_>, s: Option<&str>) {
+fn write_opt_str(w: &mut pyjson::Writer, s: Option<&str>) {
     match s {
         Some(s) => w.str(s),
         None => w.raw("null"),
@@ -822,18 +832,27 @@ pub fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, String> {
         .map(|dt| dt.with_timezone(&Utc))
         .or_else(|_| {
             // Offsets without a colon (`+0530`) or without seconds in the time.
-            ["%Y-%m-%dT%H:%M:%S%.f%z", "%Y-%m-%d %H:%M:%S%.f%z", "%Y-%m-%dT%H:%M%z"]
-                .iter()
-                .find_map(|fmt| DateTime::parse_from_str(t, fmt).ok())
-                .map(|dt| dt.with_timezone(&Utc))
-                .ok_or(())
+            [
+                "%Y-%m-%dT%H:%M:%S%.f%z",
+                "%Y-%m-%d %H:%M:%S%.f%z",
+                "%Y-%m-%dT%H:%M%z",
+            ]
+            .iter()
+            .find_map(|fmt| DateTime::parse_from_str(t, fmt).ok())
+            .map(|dt| dt.with_timezone(&Utc))
+            .ok_or(())
         })
         .or_else(|_| {
-            ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M"]
-                .iter()
-                .find_map(|fmt| NaiveDateTime::parse_from_str(t, fmt).ok())
-                .map(|naive| naive.and_utc())
-                .ok_or(())
+            [
+                "%Y-%m-%dT%H:%M:%S%.f",
+                "%Y-%m-%d %H:%M:%S%.f",
+                "%Y-%m-%dT%H:%M",
+                "%Y-%m-%d %H:%M",
+            ]
+            .iter()
+            .find_map(|fmt| NaiveDateTime::parse_from_str(t, fmt).ok())
+            .map(|naive| naive.and_utc())
+            .ok_or(())
         })
         .map_err(|()| {
             "expected an ISO 8601 date-time such as 2026-12-02T19:30:25.123456+00:00".to_owned()

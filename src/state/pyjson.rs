@@ -16,14 +16,15 @@
 //! * Lists and dicts may be nested at most [`MAX_DEPTH`] levels deep (CPython's default recursion limit
 //!   stops at a similar depth).
 //!
-//! Parsing is done with [`jiter`] (pydantic's parser); writing is a hand-written byte-level encoder with
-//! [`ryu`] for the shortest round-trip float digits, re-formatted to Python's `float.__repr__` rules.
+//! Both directions are hand-written for speed and exactness: the parser follows CPython's `_json.c`
+//! scanner (same grammar, same error messages and positions) and scans strings eight bytes at a time;
+//! the writer scans for bytes to escape the same way and uses [`ryu`] for the shortest round-trip
+//! float digits, re-formatted to Python's `float.__repr__` rules. Both are iterative, so deeply
+//! nested input cannot overflow the stack.
 
 use std::fmt;
-use std::fmt::Write as _;
 
 use indexmap::IndexMap;
-use jiter::{Jiter, JiterError, NumberAny, NumberInt, Peek};
 use num_bigint::BigInt;
 
 /// The deepest nesting of lists and dicts that [`loads`] accepts and [`dumps`] writes.
@@ -595,208 +596,493 @@ impl TryFrom<Value> for serde_json::Value {
 // loads
 // ---------------------------------------------------------------------------------------------------
 
-/// A parse failure before its position is turned into line/column.
-enum Fail {
-    Jiter(JiterError),
-    At { index: usize, message: String },
+/// A parse failure at a byte offset, before the offset is turned into line/column.
+struct Fail {
+    index: usize,
+    message: String,
 }
 
-impl From<JiterError> for Fail {
-    fn from(e: JiterError) -> Self {
-        Fail::Jiter(e)
+fn fail(index: usize, message: impl Into<String>) -> Fail {
+    Fail {
+        index,
+        message: message.into(),
     }
 }
 
 /// Parses JSON text like CPython's `json.loads(text)`.
 ///
 /// Duplicate keys keep the last value at the first key's position (as assigning into a Python dict
-/// does). Rejected, with the line and column of the problem: anything that is not strict JSON,
-/// `NaN`/`Infinity`, float literals out of the `f64` range (`1e400`), lone-surrogate escapes,
-/// integers of more than [`MAX_INT_DIGITS`] digits, nesting deeper than [`MAX_DEPTH`], and a leading
-/// byte-order mark (as CPython does).
+/// does). Errors carry CPython's message and position (`Expecting ',' delimiter` at line 3
+/// column 7, ...). Additionally rejected (see the module docs): `NaN`/`Infinity`, float literals
+/// out of the `f64` range (`1e400`), lone-surrogate escapes, integers of more than
+/// [`MAX_INT_DIGITS`] digits and nesting deeper than [`MAX_DEPTH`].
 pub fn loads(text: &str) -> Result<Value, JsonError> {
-    let data = text.as_bytes();
     if text.starts_with('\u{feff}') {
-        return Err(JsonError::Syntax {
-            line: 1,
-            column: 1,
-            message: "unexpected UTF-8 byte-order mark".to_owned(),
-        });
+        return Err(syntax_error(
+            text,
+            0,
+            "Unexpected UTF-8 BOM (decode using utf-8-sig)".to_owned(),
+        ));
     }
-    let mut jiter = Jiter::new(data);
-    let result = (|| -> Result<Value, Fail> {
-        let value = parse_document(&mut jiter)?;
-        jiter.finish()?;
-        Ok(value)
-    })();
-    result.map_err(|fail| fail_to_error(data, fail))
+    let mut parser = Parser {
+        text,
+        bytes: text.as_bytes(),
+        pos: 0,
+        refusal: None,
+        items: Vec::new(),
+        entries: Vec::new(),
+        scratch: String::new(),
+    };
+    let result = parser.document().and_then(|value| {
+        parser.skip_ws();
+        if parser.pos != parser.bytes.len() {
+            Err(fail(parser.pos, "Extra data"))
+        } else if let Some(refusal) = parser.refusal.take() {
+            Err(refusal)
+        } else {
+            Ok(value)
+        }
+    });
+    result.map_err(|f| syntax_error(text, f.index, f.message))
 }
 
-/// An open container while parsing: its items so far (and, for a dict, the key being read).
+/// An open container while parsing. Its items so far sit at the end of the parser's shared
+/// `items`/`entries` stacks from `start` on, so each container is allocated once, at its exact size,
+/// when it closes.
 enum Open {
-    List(Vec<Value>),
-    Dict(Dict, String),
+    List { start: usize },
+    Dict { start: usize, key: String },
 }
 
-/// Parses one complete value. Iterative (an explicit stack of open containers) so that deeply nested
-/// input cannot exhaust the thread's stack.
-fn parse_document(jiter: &mut Jiter<'_>) -> Result<Value, Fail> {
-    let mut stack: Vec<Open> = Vec::new();
-    let mut peek = jiter.peek()?;
-    loop {
-        // Read the value starting at `peek`: either a complete value, or the first item of a
-        // non-empty container (then continue with that item).
-        let mut value = match peek {
-            Peek::Array | Peek::Object => {
-                if stack.len() >= MAX_DEPTH {
-                    return Err(too_deep(jiter.current_index()));
-                }
-                if peek == Peek::Array {
-                    match jiter.known_array()? {
-                        Some(first) => {
-                            stack.push(Open::List(Vec::new()));
-                            peek = first;
-                            continue;
-                        }
-                        None => Value::List(Vec::new()),
+/// A recursive-descent parser following CPython's `_json.c` scanner (same grammar, same error
+/// messages and positions), made iterative so that nesting cannot exhaust the thread's stack.
+struct Parser<'t> {
+    text: &'t str,
+    bytes: &'t [u8],
+    pos: usize,
+    /// The first construct CPython accepts but we refuse (`NaN`, `1e400`, a lone surrogate). Parsing
+    /// carries on like CPython, so that an error later in the text is reported exactly as CPython
+    /// reports it; the refusal is reported if the text is otherwise valid.
+    refusal: Option<Fail>,
+    /// Items of the open lists, innermost last.
+    items: Vec<Value>,
+    /// Entries of the open dicts, innermost last.
+    entries: Vec<(String, Value)>,
+    /// Reused buffer for decoding strings with escapes.
+    scratch: String,
+}
+
+impl Parser<'_> {
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// Records a refusal (only the first one is kept).
+    fn refuse(&mut self, index: usize, message: String) {
+        self.refusal.get_or_insert(Fail { index, message });
+    }
+
+    /// Reads one value (after leading whitespace).
+    fn document(&mut self) -> Result<Value, Fail> {
+        let mut stack: Vec<Open> = Vec::new();
+        self.skip_ws();
+        'value: loop {
+            // At the start of a value: read a complete value, or open a non-empty container and go
+            // on with its first value.
+            let mut value = match self.peek() {
+                Some(b'[') => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(too_deep(self.pos));
                     }
-                } else {
-                    match jiter.known_object()? {
-                        Some(key) => {
-                            stack.push(Open::Dict(Dict::new(), key.to_owned()));
-                            peek = jiter.peek()?;
-                            continue;
-                        }
-                        None => Value::Dict(Dict::new()),
+                    self.pos += 1;
+                    self.skip_ws();
+                    if self.peek() == Some(b']') {
+                        self.pos += 1;
+                        Value::List(Vec::new())
+                    } else {
+                        stack.push(Open::List {
+                            start: self.items.len(),
+                        });
+                        continue 'value;
                     }
                 }
-            }
-            _ => take_scalar(jiter, peek)?,
-        };
-        // Hand the complete value to its container, closing every container that ends here.
-        loop {
-            let Some(open) = stack.pop() else {
-                return Ok(value);
+                Some(b'{') => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(too_deep(self.pos));
+                    }
+                    self.pos += 1;
+                    self.skip_ws();
+                    if self.peek() == Some(b'}') {
+                        self.pos += 1;
+                        Value::Dict(Dict::new())
+                    } else {
+                        let key = self.key()?;
+                        stack.push(Open::Dict {
+                            start: self.entries.len(),
+                            key,
+                        });
+                        continue 'value;
+                    }
+                }
+                _ => self.scalar()?,
             };
-            match open {
-                Open::List(mut items) => {
-                    items.push(value);
-                    match jiter.array_step()? {
-                        Some(next) => {
-                            stack.push(Open::List(items));
-                            peek = next;
-                            break;
+            // Hand the complete value to its container, closing every container that ends here.
+            loop {
+                let Some(open) = stack.pop() else {
+                    return Ok(value);
+                };
+                self.skip_ws();
+                match open {
+                    Open::List { start } => {
+                        self.items.push(value);
+                        match self.peek() {
+                            Some(b']') => {
+                                self.pos += 1;
+                                value = Value::List(self.items.drain(start..).collect());
+                            }
+                            Some(b',') => {
+                                self.pos += 1;
+                                self.skip_ws();
+                                stack.push(Open::List { start });
+                                continue 'value;
+                            }
+                            _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
-                        None => value = Value::List(items),
                     }
-                }
-                Open::Dict(mut dict, key) => {
-                    // `insert` keeps an existing key's position and replaces its value: exactly what
-                    // assigning into a Python dict does with duplicate keys.
-                    dict.insert(key, value);
-                    match jiter.next_key()? {
-                        Some(next_key) => {
-                            stack.push(Open::Dict(dict, next_key.to_owned()));
-                            peek = jiter.peek()?;
-                            break;
+                    Open::Dict { start, key } => {
+                        self.entries.push((key, value));
+                        match self.peek() {
+                            Some(b'}') => {
+                                self.pos += 1;
+                                let entries = self.entries.drain(start..);
+                                let mut dict = Dict::with_capacity(entries.len());
+                                // `insert` keeps an existing key's position and replaces its value:
+                                // what assigning into a Python dict does with duplicate keys.
+                                for (k, v) in entries {
+                                    dict.insert(k, v);
+                                }
+                                value = Value::Dict(dict);
+                            }
+                            Some(b',') => {
+                                self.pos += 1;
+                                self.skip_ws();
+                                let key = self.key()?;
+                                stack.push(Open::Dict { start, key });
+                                continue 'value;
+                            }
+                            _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
-                        None => value = Value::Dict(dict),
                     }
                 }
             }
         }
+    }
+
+    /// Reads `"key" :` and the whitespace after it.
+    fn key(&mut self) -> Result<String, Fail> {
+        if self.peek() != Some(b'"') {
+            return Err(fail(
+                self.pos,
+                "Expecting property name enclosed in double quotes",
+            ));
+        }
+        let key = self.string()?;
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(fail(self.pos, "Expecting ':' delimiter"));
+        }
+        self.pos += 1;
+        self.skip_ws();
+        Ok(key)
+    }
+
+    /// Reads a string, a literal or a number.
+    fn scalar(&mut self) -> Result<Value, Fail> {
+        let rest = &self.bytes[self.pos..];
+        let literal =
+            |word: &[u8], value: Value| rest.starts_with(word).then_some((word.len(), value));
+        let found = match rest.first() {
+            None => return Err(fail(self.pos, "Expecting value")),
+            Some(b'"') => return self.string().map(Value::Str),
+            Some(b'n') => literal(b"null", Value::Null),
+            Some(b't') => literal(b"true", Value::Bool(true)),
+            Some(b'f') => literal(b"false", Value::Bool(false)),
+            _ => None,
+        };
+        if let Some((len, value)) = found {
+            self.pos += len;
+            return Ok(value);
+        }
+        for (word, value) in [
+            ("NaN", f64::NAN),
+            ("Infinity", f64::INFINITY),
+            ("-Infinity", f64::NEG_INFINITY),
+        ] {
+            if rest.starts_with(word.as_bytes()) {
+                self.refuse(
+                    self.pos,
+                    format!("`{word}` is not valid JSON (non-finite numbers are rejected)"),
+                );
+                self.pos += word.len();
+                return Ok(Value::Float(value));
+            }
+        }
+        self.number()
+    }
+
+    /// Reads a number with CPython's rules: `-?(0|[1-9][0-9]*)`, then a fraction only when a digit
+    /// follows the `.`, then an exponent only when it has digits (otherwise the number ends before
+    /// the `.`/`e`, and the caller reports what follows).
+    fn number(&mut self) -> Result<Value, Fail> {
+        let b = self.bytes;
+        let start = self.pos;
+        let mut i = start;
+        if b.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        let digits_start = i;
+        match b.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => {
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
+            _ => return Err(fail(start, "Expecting value")),
+        }
+        let int_end = i;
+        let mut is_float = false;
+        if b.get(i) == Some(&b'.') && b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+            is_float = true;
+            i += 2;
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        if let Some(b'e' | b'E') = b.get(i) {
+            let mut j = i + 1;
+            if let Some(b'+' | b'-') = b.get(j) {
+                j += 1;
+            }
+            let exp_digits = j;
+            while b.get(j).is_some_and(u8::is_ascii_digit) {
+                j += 1;
+            }
+            if j > exp_digits {
+                is_float = true;
+                i = j;
+            }
+        }
+        self.pos = i;
+        let literal = &self.text[start..i];
+        if is_float {
+            return match literal.parse::<f64>() {
+                Ok(f) => {
+                    if !f.is_finite() {
+                        self.refuse(
+                            start,
+                            format!("number `{literal}` is out of range for a float"),
+                        );
+                    }
+                    Ok(Value::Float(f))
+                }
+                Err(e) => Err(fail(start, format!("invalid number `{literal}`: {e}"))),
+            };
+        }
+        let digits = int_end - digits_start;
+        if digits <= 18 {
+            let mut v: i64 = 0;
+            for &d in &b[digits_start..int_end] {
+                v = v * 10 + i64::from(d - b'0');
+            }
+            return Ok(Value::Int(Int::Small(if digits_start > start {
+                -v
+            } else {
+                v
+            })));
+        }
+        if digits > MAX_INT_DIGITS {
+            return Err(fail(
+                start,
+                format!(
+                    "integer of {digits} digits exceeds the limit of {MAX_INT_DIGITS} digits \
+                     (as CPython's int_max_str_digits)"
+                ),
+            ));
+        }
+        literal
+            .parse::<BigInt>()
+            .map(|big| Value::Int(Int::from_bigint(big)))
+            .map_err(|e| fail(start, format!("invalid integer `{literal}`: {e}")))
+    }
+
+    /// Reads a string literal starting at the opening quote.
+    fn string(&mut self) -> Result<String, Fail> {
+        let b = self.bytes;
+        let begin = self.pos;
+        let start = begin + 1;
+        let mut i = scan_string_plain(b, start);
+        if b.get(i) == Some(&b'"') {
+            // No escapes: one allocation, one copy.
+            self.pos = i + 1;
+            return Ok(self.text[start..i].to_owned());
+        }
+        // Decode into the reusable scratch buffer, then copy once into an exact-size string.
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        out.push_str(&self.text[start..i]);
+        let result = loop {
+            match b.get(i) {
+                None => break Err(fail(begin, "Unterminated string starting at")),
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    break Ok(out.as_str().to_owned());
+                }
+                Some(b'\\') => match self.escape(i, begin, &mut out) {
+                    Ok(next) => i = next,
+                    Err(e) => break Err(e),
+                },
+                Some(_) => break Err(fail(i, "Invalid control character at")),
+            }
+            let run = i;
+            i = scan_string_plain(b, i);
+            out.push_str(&self.text[run..i]);
+        };
+        self.scratch = out;
+        result
+    }
+
+    /// Decodes the escape whose backslash is at `at` into `out`; returns the index after it.
+    fn escape(&mut self, at: usize, begin: usize, out: &mut String) -> Result<usize, Fail> {
+        let b = self.bytes;
+        let Some(&kind) = b.get(at + 1) else {
+            return Err(fail(begin, "Unterminated string starting at"));
+        };
+        let simple = match kind {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                // CPython wants at least one character after the 4 hex digits (`end >= len`).
+                let u_at = at + 1;
+                if u_at + 5 >= b.len() {
+                    return Err(fail(u_at, "Invalid \\uXXXX escape"));
+                }
+                let unit = hex4(&b[u_at + 1..u_at + 5])
+                    .ok_or_else(|| fail(u_at, "Invalid \\uXXXX escape"))?;
+                let mut next = u_at + 5;
+                let mut code = unit;
+                if (0xD800..0xDC00).contains(&unit)
+                    && next + 6 < b.len()
+                    && b[next] == b'\\'
+                    && b[next + 1] == b'u'
+                {
+                    // A high surrogate: CPython joins it with a following `\uDC00`-`\uDFFF` escape
+                    // (and otherwise reads that escape on its own).
+                    let low = hex4(&b[next + 2..next + 6])
+                        .ok_or_else(|| fail(next + 1, "Invalid \\uXXXX escape"))?;
+                    if (0xDC00..0xE000).contains(&low) {
+                        next += 6;
+                        code = 0x1_0000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+                    }
+                }
+                match char::from_u32(code) {
+                    Some(c) => out.push(c),
+                    None => {
+                        // A lone surrogate: CPython keeps it; a Rust string cannot.
+                        self.refuse(at, LONE_SURROGATE.to_owned());
+                        out.push(char::REPLACEMENT_CHARACTER);
+                    }
+                }
+                return Ok(next);
+            }
+            _ => return Err(fail(at, "Invalid \\escape")),
+        };
+        out.push(simple);
+        Ok(at + 2)
     }
 }
 
-/// Reads a string, `null`, a boolean or a number.
-fn take_scalar(jiter: &mut Jiter<'_>, peek: Peek) -> Result<Value, Fail> {
-    match peek {
-        Peek::String => Ok(Value::Str(jiter.known_str()?.to_owned())),
-        Peek::Null => {
-            jiter.known_null()?;
-            Ok(Value::Null)
+/// The value of 4 hex digits.
+#[inline]
+fn hex4(digits: &[u8]) -> Option<u32> {
+    digits.iter().try_fold(0u32, |acc, &d| {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return None,
+        };
+        Some(acc << 4 | u32::from(v))
+    })
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Bit 7 of each byte of the result is set where the byte of `w` is zero (exact for the lowest
+/// such byte, which is all the callers use).
+#[inline]
+fn zero_bytes(w: u64) -> u64 {
+    w.wrapping_sub(ONES) & !w & HIGHS
+}
+
+/// Bit 7 set where the byte of `w` is below 0x20 (exact for the lowest such byte).
+#[inline]
+fn control_bytes(w: u64) -> u64 {
+    w.wrapping_sub(ONES * 0x20) & !w & HIGHS
+}
+
+/// The first index from `i` of a `"`, a `\` or a control character (or the end): the end of a run
+/// that can be copied as is while parsing a string. Eight bytes at a time.
+#[inline]
+fn scan_string_plain(b: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        let hits = zero_bytes(w ^ (ONES * u64::from(b'"')))
+            | zero_bytes(w ^ (ONES * u64::from(b'\\')))
+            | control_bytes(w);
+        if hits != 0 {
+            return i + (hits.trailing_zeros() / 8) as usize;
         }
-        Peek::True | Peek::False => Ok(Value::Bool(jiter.known_bool(peek)?)),
-        _ => {
-            let start = jiter.current_index();
-            // Anything else must be a number; jiter reports non-numbers (and `NaN`/`Infinity`, which
-            // are not enabled) as errors, which `fail_to_error` words clearly.
-            match jiter.known_number(peek)? {
-                NumberAny::Int(NumberInt::Int(v)) => Ok(Value::Int(Int::Small(v))),
-                NumberAny::Int(NumberInt::BigInt(b)) => Ok(Value::Int(Int::from_bigint(b))),
-                NumberAny::Float(f) if f.is_finite() => Ok(Value::Float(f)),
-                NumberAny::Float(_) => {
-                    let literal = String::from_utf8_lossy(jiter.slice_to_current(start)).into_owned();
-                    Err(Fail::At {
-                        index: start,
-                        message: format!("number `{literal}` is out of range for a float"),
-                    })
-                }
-            }
-        }
+        i += 8;
     }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            break;
+        }
+        i += 1;
+    }
+    i
 }
 
 fn too_deep(index: usize) -> Fail {
-    Fail::At {
+    fail(
         index,
-        message: format!("lists/dicts nested more than {MAX_DEPTH} levels deep"),
-    }
-}
-
-fn fail_to_error(data: &[u8], fail: Fail) -> JsonError {
-    let (index, message) = match fail {
-        Fail::At { index, message } => (index, message),
-        Fail::Jiter(e) => {
-            let message = match &e.error_type {
-                jiter::JiterErrorType::JsonError(jiter::JsonErrorType::NumberOutOfRange) => {
-                    format!("integer has more than {MAX_INT_DIGITS} digits")
-                }
-                jiter::JiterErrorType::JsonError(
-                    jiter::JsonErrorType::LoneLeadingSurrogateInHexEscape
-                    | jiter::JsonErrorType::InvalidUnicodeCodePoint,
-                ) => LONE_SURROGATE.to_owned(),
-                jiter::JiterErrorType::JsonError(jiter::JsonErrorType::UnexpectedEndOfHexEscape)
-                    if follows_surrogate_escape(data, e.index) =>
-                {
-                    LONE_SURROGATE.to_owned()
-                }
-                other => match non_finite_literal_near(data, e.index) {
-                    Some((index, literal)) => {
-                        return syntax_error(
-                            data,
-                            index,
-                            format!("`{literal}` is not valid JSON (non-finite numbers are rejected)"),
-                        );
-                    }
-                    None => other.to_string(),
-                },
-            };
-            (e.index, message)
-        }
-    };
-    syntax_error(data, index, message)
+        format!("lists/dicts nested more than {MAX_DEPTH} levels deep"),
+    )
 }
 
 const LONE_SURROGATE: &str =
     "lone UTF-16 surrogate in \\u escape (CPython keeps it, but it cannot be represented in UTF-8)";
 
-/// `true` when the last `\uXXXX` escape shortly before `index` is a UTF-16 surrogate (so a
-/// "bad hex escape" there really is a lone surrogate).
-fn follows_surrogate_escape(data: &[u8], index: usize) -> bool {
-    let end = index.min(data.len());
-    let window = &data[end.saturating_sub(12)..end];
-    window
-        .windows(6)
-        .rev()
-        .find(|w| w.starts_with(b"\\u"))
-        .and_then(|w| std::str::from_utf8(&w[2..]).ok())
-        .and_then(|hex| u16::from_str_radix(hex, 16).ok())
-        .is_some_and(|unit| (0xD800..=0xDFFF).contains(&unit))
-}
-
-fn syntax_error(data: &[u8], index: usize, message: String) -> JsonError {
-    let (line, column) = line_column(data, index);
+fn syntax_error(text: &str, index: usize, message: String) -> JsonError {
+    let (line, column) = line_column(text.as_bytes(), index);
     JsonError::Syntax {
         line,
         column,
@@ -804,20 +1090,8 @@ fn syntax_error(data: &[u8], index: usize, message: String) -> JsonError {
     }
 }
 
-/// When a parse error at `index` is due to a `NaN`, `Infinity` or `-Infinity` literal (which jiter
-/// rejects since they are not enabled), its start and text.
-fn non_finite_literal_near(data: &[u8], index: usize) -> Option<(usize, &'static str)> {
-    const LITERALS: [&str; 3] = ["-Infinity", "Infinity", "NaN"];
-    (index.saturating_sub(1)..=index).find_map(|at| {
-        let rest = data.get(at..)?;
-        LITERALS
-            .iter()
-            .find(|lit| rest.starts_with(lit.as_bytes()))
-            .map(|lit| (at, *lit))
-    })
-}
-
-/// 1-based line and character column of byte `index` (clamped to the end of `data`).
+/// 1-based line and character column of byte `index` (clamped to the end of `data`), computed as
+/// CPython does for `JSONDecodeError` (`lineno`, `colno`).
 fn line_column(data: &[u8], index: usize) -> (usize, usize) {
     let index = index.min(data.len());
     let before = &data[..index];
@@ -844,15 +1118,16 @@ fn line_column(data: &[u8], index: usize) -> (usize, usize) {
 /// Fails for non-finite floats, integers of more than [`MAX_INT_DIGITS`] digits, and nesting deeper
 /// than [`MAX_DEPTH`].
 pub fn dumps(value: &Value) -> Result<String, JsonError> {
-    let mut out = String::with_capacity(128);
-    Writer::strict(&mut out).value(value)?;
-    Ok(out)
+    let mut writer = Writer::strict();
+    writer.value(value)?;
+    Ok(writer.finish())
 }
 
 /// The byte-level encoder behind [`dumps`], usable to write a document piece by piece (the RunState
 /// writer emits its top-level dict this way without building it first).
-pub(crate) struct Writer<'o> {
-    out: &'o mut String,
+pub(crate) struct Writer {
+    /// Only ASCII is ever written (`ensure_ascii`), so this is always valid UTF-8.
+    out: Vec<u8>,
     /// When set, values [`dumps`] refuses are written the way CPython's `json.dumps` writes them
     /// (`NaN`, `Infinity`, `-Infinity`, integers in full) and values nested too deep become `null`.
     lenient: bool,
@@ -886,38 +1161,45 @@ static ESCAPE: [u8; 256] = {
     table
 };
 
-impl<'o> Writer<'o> {
+impl Writer {
     /// A writer that fails where [`dumps`] fails.
-    pub(crate) fn strict(out: &'o mut String) -> Self {
+    pub(crate) fn strict() -> Self {
         Writer {
-            out,
+            out: Vec::with_capacity(256),
             lenient: false,
             depth: 0,
         }
     }
 
     /// A writer that never fails (see the `lenient` field).
-    pub(crate) fn lenient(out: &'o mut String) -> Self {
+    pub(crate) fn lenient() -> Self {
         Writer {
-            out,
+            out: Vec::with_capacity(256),
             lenient: true,
             depth: 0,
         }
     }
 
+    /// The text written so far.
+    pub(crate) fn finish(self) -> String {
+        // Everything written is ASCII; the lossy branch cannot be taken.
+        String::from_utf8(self.out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+
     /// Appends raw, already-encoded JSON punctuation (must be ASCII).
     pub(crate) fn raw(&mut self, text: &str) {
-        self.out.push_str(text);
+        self.out.extend_from_slice(text.as_bytes());
     }
 
     /// Appends a JSON string literal.
     pub(crate) fn str(&mut self, s: &str) {
-        write_str(self.out, s);
+        write_str(&mut self.out, s);
     }
 
     /// Appends an unsigned integer.
     pub(crate) fn u64(&mut self, v: u64) {
-        let _ = write!(self.out, "{v}");
+        push_u64(&mut self.out, v);
     }
 
     /// Appends a value that sits inside `open` containers written with [`Writer::raw`] (so that the
@@ -945,7 +1227,7 @@ impl<'o> Writer<'o> {
             match current {
                 Value::List(items) if !items.is_empty() => {
                     if self.enter(stack.len())? {
-                        self.out.push('[');
+                        self.out.push(b'[');
                         let mut iter = items.iter();
                         next = iter.next();
                         stack.push(Open::List(iter));
@@ -953,11 +1235,11 @@ impl<'o> Writer<'o> {
                 }
                 Value::Dict(dict) if !dict.is_empty() => {
                     if self.enter(stack.len())? {
-                        self.out.push('{');
+                        self.out.push(b'{');
                         let mut iter = dict.iter();
                         if let Some((k, v)) = iter.next() {
-                            write_str(self.out, k);
-                            self.out.push_str(": ");
+                            write_str(&mut self.out, k);
+                            self.out.extend_from_slice(b": ");
                             next = Some(v);
                         }
                         stack.push(Open::Dict(iter));
@@ -971,23 +1253,23 @@ impl<'o> Writer<'o> {
                     None => return Ok(()),
                     Some(Open::List(iter)) => match iter.next() {
                         Some(item) => {
-                            self.out.push_str(", ");
+                            self.out.extend_from_slice(b", ");
                             next = Some(item);
                         }
                         None => {
-                            self.out.push(']');
+                            self.out.push(b']');
                             stack.pop();
                         }
                     },
                     Some(Open::Dict(iter)) => match iter.next() {
                         Some((k, v)) => {
-                            self.out.push_str(", ");
-                            write_str(self.out, k);
-                            self.out.push_str(": ");
+                            self.out.extend_from_slice(b", ");
+                            write_str(&mut self.out, k);
+                            self.out.extend_from_slice(b": ");
                             next = Some(v);
                         }
                         None => {
-                            self.out.push('}');
+                            self.out.push(b'}');
                             stack.pop();
                         }
                     },
@@ -1002,11 +1284,14 @@ impl<'o> Writer<'o> {
     /// Appends a value that is not a non-empty list or dict.
     fn scalar(&mut self, value: &Value) -> Result<(), JsonError> {
         match value {
-            Value::Null => self.out.push_str("null"),
-            Value::Bool(true) => self.out.push_str("true"),
-            Value::Bool(false) => self.out.push_str("false"),
+            Value::Null => self.out.extend_from_slice(b"null"),
+            Value::Bool(true) => self.out.extend_from_slice(b"true"),
+            Value::Bool(false) => self.out.extend_from_slice(b"false"),
             Value::Int(Int::Small(v)) => {
-                let _ = write!(self.out, "{v}");
+                if *v < 0 {
+                    self.out.push(b'-');
+                }
+                push_u64(&mut self.out, v.unsigned_abs());
             }
             Value::Int(Int::Big(b)) => {
                 let text = b.to_string();
@@ -1014,26 +1299,26 @@ impl<'o> Writer<'o> {
                 if digits > MAX_INT_DIGITS && !self.lenient {
                     return Err(JsonError::IntTooLong { digits });
                 }
-                self.out.push_str(&text);
+                self.out.extend_from_slice(text.as_bytes());
             }
             Value::Float(f) => {
                 if f.is_finite() {
-                    write_float(self.out, *f);
+                    write_float(&mut self.out, *f);
                 } else if self.lenient {
-                    self.out.push_str(if f.is_nan() {
-                        "NaN"
+                    self.out.extend_from_slice(if f.is_nan() {
+                        b"NaN"
                     } else if *f > 0.0 {
-                        "Infinity"
+                        b"Infinity"
                     } else {
-                        "-Infinity"
+                        b"-Infinity"
                     });
                 } else {
                     return Err(JsonError::NonFiniteFloat { value: *f });
                 }
             }
-            Value::Str(s) => write_str(self.out, s),
-            Value::List(_) => self.out.push_str("[]"),
-            Value::Dict(_) => self.out.push_str("{}"),
+            Value::Str(s) => write_str(&mut self.out, s),
+            Value::List(_) => self.out.extend_from_slice(b"[]"),
+            Value::Dict(_) => self.out.extend_from_slice(b"{}"),
         }
         Ok(())
     }
@@ -1043,7 +1328,7 @@ impl<'o> Writer<'o> {
     fn enter(&mut self, open: usize) -> Result<bool, JsonError> {
         if self.depth + open >= MAX_DEPTH {
             if self.lenient {
-                self.out.push_str("null");
+                self.out.extend_from_slice(b"null");
                 return Ok(false);
             }
             return Err(JsonError::TooDeep);
@@ -1053,21 +1338,18 @@ impl<'o> Writer<'o> {
 }
 
 /// Appends `s` as a JSON string literal with CPython's `ensure_ascii=True` escaping.
-fn write_str(out: &mut String, s: &str) {
+fn write_str(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
-    out.push('"');
+    out.push(b'"');
     let mut start = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        let esc = ESCAPE[bytes[i] as usize];
-        if esc == 0 {
-            i += 1;
-            continue;
-        }
-        // `start..i` are printable ASCII bytes, so it is a valid `str` slice.
-        out.push_str(&s[start..i]);
-        if esc == 1 {
+    loop {
+        let i = scan_ascii_plain(bytes, start);
+        out.extend_from_slice(&bytes[start..i]);
+        let Some(&byte) = bytes.get(i) else {
+            break;
+        };
+        if byte >= 0x80 {
             // Non-ASCII: decode one UTF-8 sequence (the input is valid UTF-8).
             let (cp, len) = decode_utf8(&bytes[i..]);
             if cp >= 0x1_0000 {
@@ -1077,59 +1359,87 @@ fn write_str(out: &mut String, s: &str) {
             } else {
                 push_u_escape(out, cp);
             }
-            i += len;
-        } else if esc == b'u' {
-            push_u_escape(out, u32::from(bytes[i]));
-            i += 1;
+            start = i + len;
         } else {
-            out.push('\\');
-            out.push(esc as char);
-            i += 1;
+            match ESCAPE[usize::from(byte)] {
+                0 => out.push(byte),
+                b'u' => push_u_escape(out, u32::from(byte)),
+                short => out.extend_from_slice(&[b'\\', short]),
+            }
+            start = i + 1;
         }
-        start = i;
     }
-    out.push_str(&s[start..]);
-    out.push('"');
+    out.push(b'"');
+}
+
+/// The first index from `i` of a byte that `ensure_ascii` escapes (`"`, `\`, controls, DEL,
+/// non-ASCII), or the end. Eight bytes at a time.
+#[inline]
+fn scan_ascii_plain(b: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        let hits = zero_bytes(w ^ (ONES * u64::from(b'"')))
+            | zero_bytes(w ^ (ONES * u64::from(b'\\')))
+            | zero_bytes(w ^ (ONES * 0x7f))
+            | control_bytes(w)
+            | (w & HIGHS);
+        if hits != 0 {
+            return i + (hits.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if ESCAPE[usize::from(c)] != 0 {
+            break;
+        }
+        i += 1;
+    }
+    i
 }
 
 /// Decodes the UTF-8 sequence at the start of `b` (known to be valid, non-ASCII).
 #[inline]
 fn decode_utf8(b: &[u8]) -> (u32, usize) {
+    let byte = |k: usize| u32::from(b.get(k).copied().unwrap_or(0x80) & 0x3F);
     let b0 = u32::from(b[0]);
     if b0 < 0xE0 {
-        (((b0 & 0x1F) << 6) | (u32::from(b[1]) & 0x3F), 2)
+        (((b0 & 0x1F) << 6) | byte(1), 2)
     } else if b0 < 0xF0 {
-        (
-            ((b0 & 0x0F) << 12) | ((u32::from(b[1]) & 0x3F) << 6) | (u32::from(b[2]) & 0x3F),
-            3,
-        )
+        (((b0 & 0x0F) << 12) | (byte(1) << 6) | byte(2), 3)
     } else {
         (
-            ((b0 & 0x07) << 18)
-                | ((u32::from(b[1]) & 0x3F) << 12)
-                | ((u32::from(b[2]) & 0x3F) << 6)
-                | (u32::from(b[3]) & 0x3F),
+            ((b0 & 0x07) << 18) | (byte(1) << 12) | (byte(2) << 6) | byte(3),
             4,
         )
     }
 }
 
 #[inline]
-fn push_u_escape(out: &mut String, unit: u32) {
-    let buf = [
-        b'\\',
-        b'u',
-        HEX[((unit >> 12) & 0xF) as usize],
-        HEX[((unit >> 8) & 0xF) as usize],
-        HEX[((unit >> 4) & 0xF) as usize],
-        HEX[(unit & 0xF) as usize],
-    ];
-    // All bytes are ASCII.
-    out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
+fn push_u_escape(out: &mut Vec<u8>, unit: u32) {
+    let hex = |shift: u32| HEX[((unit >> shift) & 0xF) as usize];
+    out.extend_from_slice(&[b'\\', b'u', hex(12), hex(8), hex(4), hex(0)]);
+}
+
+/// Appends the decimal digits of `v`.
+#[inline]
+fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[at..]);
 }
 
 /// Appends a finite float the way Python's `repr(float)` writes it.
-fn write_float(out: &mut String, f: f64) {
+fn write_float(out: &mut Vec<u8>, f: f64) {
     let mut buffer = ryu::Buffer::new();
     let text = buffer.format_finite(f);
     // Split ryu's output into sign, significant digits and decimal point position `decpt`
@@ -1163,39 +1473,38 @@ fn write_float(out: &mut String, f: f64) {
     let trail = digits_all.iter().rev().take_while(|&&d| d == b'0').count();
     let sig = &digits_all[..digits_all.len() - trail];
     if negative {
-        out.push('-');
+        out.push(b'-');
     }
-    if sig.is_empty() {
-        out.push_str("0.0");
+    let Some((&first, more)) = sig.split_first() else {
+        out.extend_from_slice(b"0.0");
         return;
-    }
+    };
     let decpt = int_len + exponent - lead as i32;
-    let sig_str = std::str::from_utf8(sig).unwrap_or_default();
     let len = sig.len() as i32;
     if decpt <= -4 || decpt > 16 {
-        out.push_str(&sig_str[..1]);
-        if sig.len() > 1 {
-            out.push('.');
-            out.push_str(&sig_str[1..]);
+        out.push(first);
+        if !more.is_empty() {
+            out.push(b'.');
+            out.extend_from_slice(more);
         }
         let e = decpt - 1;
-        let _ = write!(out, "e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
+        out.extend_from_slice(if e < 0 { b"e-" } else { b"e+" });
+        if e.unsigned_abs() < 10 {
+            out.push(b'0');
+        }
+        push_u64(out, u64::from(e.unsigned_abs()));
     } else if decpt <= 0 {
-        out.push_str("0.");
-        for _ in 0..(-decpt) {
-            out.push('0');
-        }
-        out.push_str(sig_str);
+        out.extend_from_slice(b"0.");
+        out.resize(out.len() + decpt.unsigned_abs() as usize, b'0');
+        out.extend_from_slice(sig);
     } else if decpt < len {
-        out.push_str(&sig_str[..decpt as usize]);
-        out.push('.');
-        out.push_str(&sig_str[decpt as usize..]);
+        out.extend_from_slice(&sig[..decpt as usize]);
+        out.push(b'.');
+        out.extend_from_slice(&sig[decpt as usize..]);
     } else {
-        out.push_str(sig_str);
-        for _ in 0..(decpt - len) {
-            out.push('0');
-        }
-        out.push_str(".0");
+        out.extend_from_slice(sig);
+        out.resize(out.len() + (decpt - len) as usize, b'0');
+        out.extend_from_slice(b".0");
     }
 }
 
@@ -1217,9 +1526,9 @@ mod tests {
     use super::*;
 
     fn float_repr(f: f64) -> String {
-        let mut s = String::new();
-        write_float(&mut s, f);
-        s
+        let mut out = Vec::new();
+        write_float(&mut out, f);
+        String::from_utf8(out).unwrap()
     }
 
     #[test]
@@ -1277,7 +1586,10 @@ mod tests {
         let text = "[1180591620717411303424, -1267650600228229401496703205376, 9223372036854775807, -9223372036854775808, 9223372036854775808]";
         let v = loads(text).unwrap();
         assert!(matches!(v.get_index(0), Some(Value::Int(Int::Big(_)))));
-        assert!(matches!(v.get_index(2), Some(Value::Int(Int::Small(i64::MAX)))));
+        assert!(matches!(
+            v.get_index(2),
+            Some(Value::Int(Int::Small(i64::MAX)))
+        ));
         assert_eq!(dumps(&v).unwrap(), text);
     }
 
@@ -1315,7 +1627,8 @@ mod tests {
         }
         let err = loads("[\"éé\" x]").unwrap_err();
         assert!(
-            err.to_string().starts_with("invalid JSON at line 1 column 7:"),
+            err.to_string()
+                .starts_with("invalid JSON at line 1 column 7:"),
             "{err}"
         );
     }
@@ -1386,8 +1699,10 @@ mod tests {
 
     #[test]
     fn serde_interop() {
-        let v = loads(r#"{"z": 1, "a": [1.5, "x", null], "big": 170141183460469231731687303715884105727}"#)
-            .unwrap();
+        let v = loads(
+            r#"{"z": 1, "a": [1.5, "x", null], "big": 170141183460469231731687303715884105727}"#,
+        )
+        .unwrap();
         assert_eq!(
             serde_json::to_string(&v).unwrap(),
             r#"{"z":1,"a":[1.5,"x",null],"big":170141183460469231731687303715884105727}"#
@@ -1397,9 +1712,15 @@ mod tests {
         assert!(err.contains("does not fit in 128 bits"), "{err}");
         assert!(serde_json::to_string(&Value::Float(f64::INFINITY)).is_err());
 
-        let sj: serde_json::Value = serde_json::from_str(r#"{"b": 2, "a": [18446744073709551615, -1, 0.5]}"#).unwrap();
+        let sj: serde_json::Value =
+            serde_json::from_str(r#"{"b": 2, "a": [18446744073709551615, -1, 0.5]}"#).unwrap();
         let ours = Value::from(sj.clone());
-        assert_eq!(ours.get("a").and_then(|a| a.get_index(0)).and_then(Value::as_u64), Some(u64::MAX));
+        assert_eq!(
+            ours.get("a")
+                .and_then(|a| a.get_index(0))
+                .and_then(Value::as_u64),
+            Some(u64::MAX)
+        );
         assert_eq!(serde_json::Value::try_from(&ours).unwrap(), sj);
         assert!(serde_json::Value::try_from(&huge).is_err());
     }

@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+#
+# The agentrun image: the `agentrun` binary (controller, worker, dev-kubelet, crdgen, local runs) and
+# the `kubectl-agentrun` kubectl plugin, on a minimal non-root runtime base.
+#
+#   docker build -t ghcr.io/agentrun-dev/agentrun:0.1.0 \
+#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
+#
+# The chart (charts/agentrun) runs this image as the controller and as the default worker image.
+
+ARG RUST_VERSION=1
+
+FROM rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /src
+# The whole source tree (see .dockerignore); --locked builds exactly the versions of Cargo.lock.
+COPY . .
+# The cache mounts keep the registry and the target folder between builds (BuildKit); binaries are
+# copied out of the cached target folder in the same step. The kubectl plugin is a second binary
+# target of the package: `--bins` builds every binary target there is, and kubectl-agentrun is
+# copied when the package defines it (a version without it still builds, with a note).
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/usr/local/cargo/git \
+    --mount=type=cache,target=/src/target \
+    set -eu; \
+    cargo build --release --locked --bins; \
+    mkdir -p /out; \
+    cp target/release/agentrun /out/agentrun; \
+    if [ -f target/release/kubectl-agentrun ]; then \
+      cp target/release/kubectl-agentrun /out/kubectl-agentrun; \
+    else \
+      echo "note: this version of the package has no kubectl-agentrun binary target" >&2; \
+    fi; \
+    /out/agentrun --version
+
+# glibc and libgcc (the binaries link them dynamically), CA certificates, tzdata; no shell, no
+# package manager; user nonroot (65532).
+FROM gcr.io/distroless/cc-debian12:nonroot
+
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=1970-01-01T00:00:00Z
+LABEL org.opencontainers.image.title="agentrun" \
+      org.opencontainers.image.description="A Kubernetes operator for AI-agent runs that pause for human approval of risky tool calls and resume later, with an audit trail." \
+      org.opencontainers.image.source="https://github.com/agentrun-dev/agentrun" \
+      org.opencontainers.image.url="https://github.com/agentrun-dev/agentrun" \
+      org.opencontainers.image.documentation="https://github.com/agentrun-dev/agentrun/tree/main/charts/agentrun" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="agentrun" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="gcr.io/distroless/cc-debian12:nonroot"
+
+COPY --from=builder --chown=0:0 --chmod=0755 /out/ /usr/local/bin/
+USER 65532:65532
+ENTRYPOINT ["agentrun"]
+CMD ["--help"]

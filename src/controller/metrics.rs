@@ -1,0 +1,229 @@
+//! Prometheus metrics of the controller (text exposition format via `prometheus-client`), and the
+//! `/metrics`, `/healthz` and `/readyz` endpoints.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use kube::runtime::reflector::Store;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::crd::{AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest};
+
+/// Labels of the reconcile counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or the error's metric label.
+    pub result: String,
+}
+
+/// Labels of the runs-by-phase gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// The run phase.
+    pub phase: String,
+}
+
+/// The controller's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles by result.
+    pub reconciles: Family<ResultLabels, Counter>,
+    /// Reconcile duration.
+    pub reconcile_duration: Histogram,
+    /// Runs by phase (set at scrape time from the cache).
+    pub runs: Family<PhaseLabels, Gauge>,
+    /// ApprovalRequests waiting for a decision (set at scrape time).
+    pub pending_approvals: Gauge,
+    /// Seconds from an ApprovalRequest's creation to its decision.
+    pub approval_wait: Histogram,
+    /// Seconds from a decision to the next worker Pod's creation.
+    pub resume_latency: Histogram,
+    /// Worker Pods that failed.
+    pub worker_failures: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("agentrun");
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles of AgentRuns by result",
+            reconciles.clone(),
+        );
+        let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one AgentRun reconcile",
+            reconcile_duration.clone(),
+        );
+        let runs = Family::<PhaseLabels, Gauge>::default();
+        registry.register("runs", "AgentRuns by phase", runs.clone());
+        let pending_approvals = Gauge::default();
+        registry.register(
+            "pending_approvals",
+            "ApprovalRequests waiting for a decision",
+            pending_approvals.clone(),
+        );
+        let approval_wait = Histogram::new(exponential_buckets(1.0, 2.0, 18));
+        registry.register(
+            "approval_wait_seconds",
+            "Time from an ApprovalRequest's creation to its decision",
+            approval_wait.clone(),
+        );
+        let resume_latency = Histogram::new(exponential_buckets(0.01, 2.0, 14));
+        registry.register(
+            "resume_latency_seconds",
+            "Time from a decision to the next worker Pod's creation",
+            resume_latency.clone(),
+        );
+        let worker_failures = Counter::default();
+        registry.register(
+            "worker_failures",
+            "Worker Pods that failed",
+            worker_failures.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_duration,
+            runs,
+            pending_approvals,
+            approval_wait,
+            resume_latency,
+            worker_failures,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one reconcile.
+    pub fn reconciled(&self, result: &str, took: Duration) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    /// Sets the gauges from the caches and renders the registry.
+    pub fn render(&self, runs: &Store<AgentRun>, requests: &Store<ApprovalRequest>) -> String {
+        for phase in AgentRunPhase::ALL {
+            let count = runs
+                .state()
+                .iter()
+                .filter(|r| r.status.as_ref().and_then(|s| s.phase).unwrap_or_default() == phase)
+                .count();
+            self.runs
+                .get_or_create(&PhaseLabels {
+                    phase: phase.as_str().to_owned(),
+                })
+                .set(count as i64);
+        }
+        let pending = requests
+            .state()
+            .iter()
+            .filter(|r| {
+                r.spec.decision.is_none()
+                    && r.status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .unwrap_or(ApprovalPhase::Pending)
+                        == ApprovalPhase::Pending
+            })
+            .count();
+        self.pending_approvals.set(pending as i64);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// What the HTTP endpoints read.
+#[derive(Clone)]
+pub struct Probe {
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// Set once this replica leads and its caches are synced, or while it stands by.
+    pub ready: Arc<AtomicBool>,
+    /// Which caches have synced (one bit each).
+    pub synced: Arc<std::sync::atomic::AtomicU8>,
+    /// The caches, once the controller runs.
+    pub caches: Arc<std::sync::OnceLock<(Store<AgentRun>, Store<ApprovalRequest>)>>,
+}
+
+async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
+    let body = match probe.caches.get() {
+        Some((runs, requests)) => probe.metrics.render(runs, requests),
+        None => {
+            let mut out = String::new();
+            let _ = prometheus_client::encoding::text::encode(&mut out, &probe.metrics.registry);
+            out
+        }
+    };
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+}
+
+async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {
+    if probe.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, probe: Probe) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(probe);
+    axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_renders_every_metric() {
+        let metrics = Metrics::default();
+        metrics.reconciled("ok", Duration::from_millis(3));
+        metrics.approval_wait.observe(12.0);
+        metrics.resume_latency.observe(0.2);
+        metrics.worker_failures.inc();
+        let (runs, _) = kube::runtime::reflector::store::<AgentRun>();
+        let (requests, _) = kube::runtime::reflector::store::<ApprovalRequest>();
+        let text = metrics.render(&runs, &requests);
+        for name in [
+            "agentrun_reconciles_total{result=\"ok\"} 1",
+            "agentrun_reconcile_duration_seconds_count 1",
+            "agentrun_runs{phase=\"AwaitingApproval\"} 0",
+            "agentrun_pending_approvals 0",
+            "agentrun_approval_wait_seconds_count 1",
+            "agentrun_resume_latency_seconds_count 1",
+            "agentrun_worker_failures_total 1",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

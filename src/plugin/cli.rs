@@ -1,0 +1,250 @@
+//! The command line of `kubectl agentrun` (clap).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `kubectl agentrun`: inspect AgentRuns, decide their ApprovalRequests and audit every tool call.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-agentrun",
+    bin_name = "kubectl agentrun",
+    version,
+    about = "Inspect AgentRuns, approve or reject their tool calls, and audit every decision",
+    long_about = "Inspect AgentRuns, approve or reject their tool calls, and audit every decision.\n\n\
+                  Install by copying the kubectl-agentrun binary onto PATH; kubectl then runs it as \
+                  `kubectl agentrun`. Cluster access works like kubectl's: --kubeconfig (default: \
+                  $KUBECONFIG, then ~/.kube/config), --context and -n/--namespace (default: the \
+                  context's namespace)."
+)]
+pub struct Cli {
+    /// How to reach the cluster.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Cluster access, like kubectl's flags of the same names.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ConnectionArgs {
+    /// Path to the kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: the current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The namespace (default: the context's namespace, else `default`).
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List runs with their phase, agent, step and pending approvals (or, with --pending, the
+    /// ApprovalRequests waiting for a decision).
+    List(ListArgs),
+    /// Show a run's conversation so far and the tool calls waiting for a decision.
+    Show(ShowArgs),
+    /// Approve an ApprovalRequest as the current identity (what `kubectl auth whoami` shows).
+    Approve(ApproveArgs),
+    /// Reject an ApprovalRequest as the current identity; the model is told --message.
+    Reject(RejectArgs),
+    /// One table of every tool call of a run: decision, claimed approver, verified identity,
+    /// reason, message, time and whether it executed.
+    Audit(AuditArgs),
+}
+
+/// How a report is printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Human-readable text (aligned columns).
+    #[default]
+    #[value(alias = "text", alias = "wide")]
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// How an object or manifest is printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ManifestFormat {
+    /// YAML.
+    #[default]
+    Yaml,
+    /// JSON.
+    Json,
+}
+
+/// `kubectl agentrun list`.
+#[derive(Clone, Debug, Args)]
+pub struct ListArgs {
+    /// List the ApprovalRequests waiting for a decision instead of the runs.
+    #[arg(long)]
+    pub pending: bool,
+    /// List across all namespaces.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// `kubectl agentrun show RUN`.
+#[derive(Clone, Debug, Args)]
+pub struct ShowArgs {
+    /// The AgentRun's name.
+    pub run: String,
+    /// Output format (`table`: the conversation as text).
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// Preparing a decision for GitOps instead of writing it.
+#[derive(Clone, Debug, Default, Args)]
+pub struct DryRunArgs {
+    /// Do not change anything: print the ApprovalRequest manifest to commit for a GitOps
+    /// decision (apply it with `kubectl apply --server-side`).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: the commit to record in the `agentrun.dev/gitops-commit` annotation
+    /// (default: a placeholder to replace).
+    #[arg(long, requires = "dry_run", value_name = "SHA")]
+    pub commit: Option<String>,
+    /// With --dry-run: the approverId to write (default: the current identity).
+    #[arg(long, requires = "dry_run", value_name = "USER")]
+    pub approver_id: Option<String>,
+}
+
+/// `kubectl agentrun approve APR --reason R`.
+#[derive(Clone, Debug, Args)]
+pub struct ApproveArgs {
+    /// The ApprovalRequest's name.
+    pub request: String,
+    /// Why, for the audit trail (e.g. a change ticket); never shown to the model.
+    #[arg(long)]
+    pub reason: String,
+    /// GitOps preparation instead of a change.
+    #[command(flatten)]
+    pub dry_run: DryRunArgs,
+    /// Print the manifest (--dry-run) or the updated ApprovalRequest in this format.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<ManifestFormat>,
+}
+
+/// `kubectl agentrun reject APR --message M --reason R`.
+#[derive(Clone, Debug, Args)]
+pub struct RejectArgs {
+    /// The ApprovalRequest's name.
+    pub request: String,
+    /// What the model is told instead of the tool's result.
+    #[arg(long)]
+    pub message: String,
+    /// Why, for the audit trail; never shown to the model.
+    #[arg(long)]
+    pub reason: String,
+    /// GitOps preparation instead of a change.
+    #[command(flatten)]
+    pub dry_run: DryRunArgs,
+    /// Print the manifest (--dry-run) or the updated ApprovalRequest in this format.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<ManifestFormat>,
+}
+
+/// `kubectl agentrun audit RUN`.
+#[derive(Clone, Debug, Args)]
+pub struct AuditArgs {
+    /// The AgentRun's name.
+    pub run: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn namespace_flags_are_global() {
+        let cli =
+            Cli::try_parse_from(["kubectl-agentrun", "list", "-n", "ops", "--pending"]).unwrap();
+        assert_eq!(cli.connection.namespace.as_deref(), Some("ops"));
+        let cli =
+            Cli::try_parse_from(["kubectl-agentrun", "-n", "ops", "show", "r1", "-o", "json"])
+                .unwrap();
+        assert_eq!(cli.connection.namespace.as_deref(), Some("ops"));
+        assert!(matches!(
+            cli.command,
+            Command::Show(ShowArgs {
+                output: OutputFormat::Json,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn approve_requires_a_reason_and_commit_requires_dry_run() {
+        let err = Cli::try_parse_from(["kubectl-agentrun", "approve", "apr-1"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let err = Cli::try_parse_from([
+            "kubectl-agentrun",
+            "approve",
+            "apr-1",
+            "--reason",
+            "r",
+            "--commit",
+            "abc",
+        ])
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let cli = Cli::try_parse_from([
+            "kubectl-agentrun",
+            "approve",
+            "apr-1",
+            "--reason",
+            "r",
+            "--dry-run",
+            "-o",
+            "yaml",
+            "--commit",
+            "abc",
+        ])
+        .unwrap();
+        let Command::Approve(args) = cli.command else {
+            panic!("not approve");
+        };
+        assert!(args.dry_run.dry_run);
+        assert_eq!(args.dry_run.commit.as_deref(), Some("abc"));
+        assert_eq!(args.output, Some(ManifestFormat::Yaml));
+    }
+
+    #[test]
+    fn reject_requires_message_and_reason() {
+        assert!(
+            Cli::try_parse_from(["kubectl-agentrun", "reject", "apr-1", "--reason", "r"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from([
+                "kubectl-agentrun",
+                "reject",
+                "apr-1",
+                "--reason",
+                "r",
+                "--message",
+                "m"
+            ])
+            .is_ok()
+        );
+    }
+}

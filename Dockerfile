@@ -14,22 +14,16 @@ FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
 # The whole source tree (see .dockerignore); --locked builds exactly the versions of Cargo.lock.
 COPY . .
-# The cache mounts keep the registry and the target folder between builds (BuildKit); binaries are
-# copied out of the cached target folder in the same step. The kubectl plugin is a second binary
-# target of the package: `--bins` builds every binary target there is, and kubectl-agentrun is
-# copied when the package defines it (a version without it still builds, with a note).
+# The cache mounts keep the registry and the target folder between builds (BuildKit), so the
+# binaries are copied out of the cached target folder in the same step. `--bins` builds both binary
+# targets: agentrun (src/main.rs) and the kubectl plugin kubectl-agentrun (src/bin/).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
     set -eu; \
     cargo build --release --locked --bins; \
     mkdir -p /out; \
-    cp target/release/agentrun /out/agentrun; \
-    if [ -f target/release/kubectl-agentrun ]; then \
-      cp target/release/kubectl-agentrun /out/kubectl-agentrun; \
-    else \
-      echo "note: this version of the package has no kubectl-agentrun binary target" >&2; \
-    fi; \
+    cp target/release/agentrun target/release/kubectl-agentrun /out/; \
     /out/agentrun --version
 
 # glibc and libgcc (the binaries link them dynamically), CA certificates, tzdata; no shell, no

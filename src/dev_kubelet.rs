@@ -141,12 +141,17 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
     let running: Running = Arc::default();
     let config = Arc::new(config);
     let stream =
-        watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).touched_objects();
+        watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     info!(work_dir = %config.work_dir.display(), "dev kubelet watching worker pods");
-    while let Some(pod) = stream.try_next().await? {
+    while let Some(event) = stream.try_next().await? {
+        let (pod, deleted) = match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => (pod, false),
+            watcher::Event::Delete(pod) => (pod, true),
+            watcher::Event::Init | watcher::Event::InitDone => continue,
+        };
         let Some(uid) = pod.uid() else { continue };
-        if pod.metadata.deletion_timestamp.is_some() {
+        if deleted || pod.metadata.deletion_timestamp.is_some() {
             if let Some(kill) = running.lock().unwrap().remove(&uid) {
                 let _ = kill.send(());
             }

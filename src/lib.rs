@@ -2,6 +2,7 @@
 //! calls and resume later, with an audit trail.
 
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod controller;
 pub mod crd;

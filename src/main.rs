@@ -30,6 +30,8 @@ enum Command {
     Worker(agentrun::cli::operator::WorkerArgs),
     /// Dev only: play the kubelet's part for worker Pods on a cluster without nodes.
     DevKubelet(agentrun::cli::operator::DevKubeletArgs),
+    /// Benchmark the operator against a local control plane and print the figures.
+    Bench(agentrun::cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,5 +43,6 @@ fn main() -> ExitCode {
         Command::Controller(args) => agentrun::cli::operator::controller(args),
         Command::Worker(args) => agentrun::cli::operator::worker(args),
         Command::DevKubelet(args) => agentrun::cli::operator::dev_kubelet(args),
+        Command::Bench(args) => agentrun::cli::bench::main(args),
     }
 }

@@ -1,15 +1,41 @@
 //! Reading and writing a RunState in an `AgentRun`'s status: the encoding, size and digest that
 //! readers (controller, worker, plugin, audit) check before trusting the state.
+//!
+//! Small states are stored as plain JSON, as the design asks. Above [`COMPRESS_ABOVE`] bytes the
+//! JSON is gzip-compressed and base64-encoded (`runStateEncoding: gzip+base64`); when even that is
+//! larger than [`INLINE_LIMIT`], it is split over ConfigMaps owned by the run
+//! (`gzip+base64+chunks`, `runStateChunks` of them) named after the digest, so a new state never
+//! overwrites the chunks of the state still referenced by the status. `runStateDigest` always
+//! covers the stored text (joined, for chunks).
 
+use std::io::{Read, Write};
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{AgentRunStatus, RunStateEncoding};
+use crate::crd::{AgentRun, AgentRunStatus, RunStateEncoding};
 use crate::state::{RunState, StateError};
 
-/// Errors reading the RunState stored in a run's status.
+/// States whose JSON is larger than this are stored compressed.
+pub const COMPRESS_ABOVE: usize = 256 * 1024;
+/// Compressed states larger than this are offloaded to ConfigMaps.
+pub const INLINE_LIMIT: usize = 1024 * 1024;
+/// The size of one offloaded chunk (a ConfigMap holds at most 1 MiB).
+pub const CHUNK_SIZE: usize = 900 * 1024;
+/// The data key of a chunk ConfigMap.
+const CHUNK_KEY: &str = "chunk";
+/// The label naming the run a chunk belongs to.
+pub const CHUNK_RUN_LABEL: &str = "agentrun.dev/state-of";
+/// The largest decompressed state accepted (a guard against decompression bombs).
+pub const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Errors reading or writing the RunState stored for a run.
 #[derive(Debug, thiserror::Error)]
 pub enum StoredStateError {
-    /// `status.runStateDigest` does not match `status.runState`.
+    /// `status.runStateDigest` does not match the stored text.
     #[error(
         "status.runState does not match status.runStateDigest (stored {stored}, computed {computed})"
     )]
@@ -22,53 +48,239 @@ pub enum StoredStateError {
     /// The encoding is not one this build reads.
     #[error("status.runStateEncoding `{0}` is not supported by this build")]
     UnsupportedEncoding(String),
+    /// The stored text is not valid for its encoding.
+    #[error("status.runState is not valid {encoding}: {message}")]
+    BadEncoding {
+        /// The encoding.
+        encoding: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// Offloaded chunks are missing or unreadable.
+    #[error("the RunState chunk {name}: {message}")]
+    Chunk {
+        /// The ConfigMap.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Reading the chunks needs the API and this reader has none.
+    #[error("the RunState is offloaded to ConfigMaps; read it with an API client")]
+    NeedsClient,
+    /// A Kubernetes API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
     /// The RunState itself is malformed.
     #[error("status.runState: {0}")]
     Malformed(#[from] StateError),
 }
 
-/// The status fields that hold a serialized RunState.
+/// A RunState encoded for storage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredState {
-    /// The serialized state, as stored in `status.runState`.
-    pub run_state: String,
+    /// The text for `status.runState` (`None` when offloaded to chunks).
+    pub run_state: Option<String>,
+    /// The chunks to store in ConfigMaps (empty unless offloaded).
+    pub chunks: Vec<String>,
     /// `status.runStateEncoding`.
     pub encoding: RunStateEncoding,
-    /// `status.runStateBytes`.
+    /// `status.runStateBytes`: the size of the stored text.
     pub bytes: u64,
-    /// `status.runStateDigest`: SHA-256 of `run_state`, lowercase hex.
+    /// `status.runStateDigest`: SHA-256 of the stored text, lowercase hex.
     pub digest: String,
 }
 
 impl StoredState {
-    /// Serializes `state` for the status (plain JSON, the form the design note asks for).
+    /// Serializes `state`: plain JSON when small, compressed above [`COMPRESS_ABOVE`], chunked
+    /// above [`INLINE_LIMIT`].
     pub fn encode(state: &RunState) -> StoredState {
-        let run_state = state.to_json();
+        Self::encode_with(state, COMPRESS_ABOVE, INLINE_LIMIT)
+    }
+
+    /// [`StoredState::encode`] with explicit thresholds (for tests).
+    pub fn encode_with(
+        state: &RunState,
+        compress_above: usize,
+        inline_limit: usize,
+    ) -> StoredState {
+        let json = state.to_json();
+        if json.len() <= compress_above {
+            return StoredState {
+                bytes: json.len() as u64,
+                digest: sha256_hex(json.as_bytes()),
+                encoding: RunStateEncoding::Json,
+                run_state: Some(json),
+                chunks: vec![],
+            };
+        }
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder
+            .write_all(json.as_bytes())
+            .and_then(|()| encoder.flush())
+            .expect("writing to memory does not fail");
+        let compressed = encoder.finish().expect("writing to memory does not fail");
+        let text = base64::engine::general_purpose::STANDARD.encode(compressed);
+        let digest = sha256_hex(text.as_bytes());
+        let bytes = text.len() as u64;
+        if text.len() <= inline_limit {
+            return StoredState {
+                run_state: Some(text),
+                chunks: vec![],
+                encoding: RunStateEncoding::GzipBase64,
+                bytes,
+                digest,
+            };
+        }
+        // base64 is ASCII, so byte offsets are char boundaries.
+        let chunks = text
+            .as_bytes()
+            .chunks(CHUNK_SIZE)
+            .map(|c| String::from_utf8(c.to_vec()).expect("base64 is ASCII"))
+            .collect();
         StoredState {
-            bytes: run_state.len() as u64,
-            digest: sha256_hex(run_state.as_bytes()),
-            encoding: RunStateEncoding::Json,
-            run_state,
+            run_state: None,
+            chunks,
+            encoding: RunStateEncoding::GzipBase64Chunks,
+            bytes,
+            digest,
         }
     }
 
-    /// The JSON merge-patch fragment of `status` for these fields.
+    /// The JSON merge-patch fragment of `status` for these fields (`runState: null` removes an
+    /// inline state when the new one is offloaded).
     pub fn status_fields(&self) -> serde_json::Value {
         serde_json::json!({
             "runState": self.run_state,
             "runStateEncoding": self.encoding,
             "runStateBytes": self.bytes,
             "runStateDigest": self.digest,
+            "runStateChunks": if self.chunks.is_empty() { None } else { Some(self.chunks.len()) },
         })
+    }
+
+    /// Writes the chunks (if any) to ConfigMaps owned by `run`; call before patching the status.
+    pub async fn write_chunks(
+        &self,
+        client: &kube::Client,
+        run: &AgentRun,
+    ) -> Result<(), StoredStateError> {
+        if self.chunks.is_empty() {
+            return Ok(());
+        }
+        let ns = run.namespace().unwrap_or_default();
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        for (i, chunk) in self.chunks.iter().enumerate() {
+            let name = chunk_name(&run.name_any(), &self.digest, i);
+            let map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(
+                        [(
+                            CHUNK_RUN_LABEL.to_owned(),
+                            crate::controller::worker_pod::label_value(&run.name_any()),
+                        )]
+                        .into(),
+                    ),
+                    owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+                    ..Default::default()
+                },
+                data: Some([(CHUNK_KEY.to_owned(), chunk.clone())].into()),
+                immutable: Some(true),
+                ..Default::default()
+            };
+            match api.create(&PostParams::default(), &map).await {
+                Ok(_) => {}
+                // Content-addressed: an existing chunk of this digest already holds this text.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 }
 
+/// The ConfigMap holding chunk `index` of a state with this digest.
+pub fn chunk_name(run: &str, digest: &str, index: usize) -> String {
+    let prefix = if run.len() > 200 { &run[..200] } else { run };
+    format!("{prefix}-state-{}-{index}", &digest[..digest.len().min(12)])
+}
+
 /// The RunState stored in `status`, checked against its digest; `None` before the first step.
+/// Offloaded states need [`load`].
 pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateError> {
-    let Some(text) = status.run_state.as_deref() else {
-        return Ok(None);
+    match status.run_state_encoding.unwrap_or_default() {
+        RunStateEncoding::GzipBase64Chunks => Err(StoredStateError::NeedsClient),
+        encoding => match status.run_state.as_deref() {
+            None => Ok(None),
+            Some(text) => decode_text(text, encoding, status.run_state_digest.as_deref()).map(Some),
+        },
+    }
+}
+
+/// The RunState of a run in any stored form, reading offloaded chunks through the API.
+pub async fn load(
+    client: &kube::Client,
+    run: &AgentRun,
+) -> Result<Option<RunState>, StoredStateError> {
+    let status = run.status.clone().unwrap_or_default();
+    if status.run_state_encoding != Some(RunStateEncoding::GzipBase64Chunks) {
+        return decode(&status);
+    }
+    let digest = status.run_state_digest.clone().unwrap_or_default();
+    let count = status.run_state_chunks.unwrap_or(0) as usize;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &run.namespace().unwrap_or_default());
+    let mut text = String::new();
+    for i in 0..count {
+        let name = chunk_name(&run.name_any(), &digest, i);
+        let map = api
+            .get_opt(&name)
+            .await?
+            .ok_or_else(|| StoredStateError::Chunk {
+                name: name.clone(),
+                message: "not found".into(),
+            })?;
+        let chunk = map
+            .data
+            .and_then(|mut d| d.remove(CHUNK_KEY))
+            .ok_or_else(|| StoredStateError::Chunk {
+                name: name.clone(),
+                message: format!("has no key {CHUNK_KEY}"),
+            })?;
+        text.push_str(&chunk);
+    }
+    decode_text(&text, RunStateEncoding::GzipBase64, Some(&digest)).map(Some)
+}
+
+/// Deletes the chunk ConfigMaps of `run` that do not belong to `keep_digest` (best effort; the
+/// garbage collector removes the rest with the run).
+pub async fn prune_chunks(client: &kube::Client, run: &AgentRun, keep_digest: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &run.namespace().unwrap_or_default());
+    let selector = format!(
+        "{CHUNK_RUN_LABEL}={}",
+        crate::controller::worker_pod::label_value(&run.name_any())
+    );
+    let Ok(list) = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+    else {
+        return;
     };
-    if let Some(stored) = status.run_state_digest.as_deref() {
+    let keep = format!("-state-{}-", &keep_digest[..keep_digest.len().min(12)]);
+    for map in list {
+        let name = map.name_any();
+        if !name.contains(&keep) {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+}
+
+fn decode_text(
+    text: &str,
+    encoding: RunStateEncoding,
+    digest: Option<&str>,
+) -> Result<RunState, StoredStateError> {
+    if let Some(stored) = digest {
         let computed = sha256_hex(text.as_bytes());
         if computed != stored {
             return Err(StoredStateError::DigestMismatch {
@@ -77,11 +289,28 @@ pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateEr
             });
         }
     }
-    match status.run_state_encoding.unwrap_or(RunStateEncoding::Json) {
-        RunStateEncoding::Json => Ok(Some(RunState::from_json(text)?)),
-        other => Err(StoredStateError::UnsupportedEncoding(
-            other.as_str().to_owned(),
-        )),
+    match encoding {
+        RunStateEncoding::Json => Ok(RunState::from_json(text)?),
+        RunStateEncoding::GzipBase64 | RunStateEncoding::GzipBase64Chunks => {
+            let bad = |message: String| StoredStateError::BadEncoding {
+                encoding: "gzip+base64",
+                message,
+            };
+            let compressed = base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map_err(|e| bad(format!("base64: {e}")))?;
+            let mut json = String::new();
+            flate2::read::GzDecoder::new(compressed.as_slice())
+                .take(MAX_STATE_BYTES + 1)
+                .read_to_string(&mut json)
+                .map_err(|e| bad(format!("gzip: {e}")))?;
+            if json.len() as u64 > MAX_STATE_BYTES {
+                return Err(bad(format!(
+                    "decompresses to more than {MAX_STATE_BYTES} bytes"
+                )));
+            }
+            Ok(RunState::from_json(&json)?)
+        }
     }
 }
 
@@ -94,22 +323,91 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn encode_then_decode_round_trips_and_checks_the_digest() {
-        let state = RunState::new("run-1", "ops", "Delete user u-1");
-        let stored = StoredState::encode(&state);
-        let mut status = AgentRunStatus {
-            run_state: Some(stored.run_state.clone()),
+    fn status_of(stored: &StoredState) -> AgentRunStatus {
+        AgentRunStatus {
+            run_state: stored.run_state.clone(),
+            run_state_encoding: Some(stored.encoding),
             run_state_digest: Some(stored.digest.clone()),
             run_state_bytes: Some(stored.bytes),
             ..Default::default()
-        };
-        assert_eq!(decode(&status).unwrap(), Some(state));
-        status.run_state = Some(stored.run_state.replace("u-1", "u-2"));
+        }
+    }
+
+    fn big_state(bytes: usize) -> RunState {
+        let mut state = RunState::new("run-1", "ops", "summarize");
+        let mut seed = 7u64;
+        let mut text = String::new();
+        while text.len() < bytes {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            text.push_str(&format!("{:x} ", seed >> 20));
+        }
+        state.final_output = Some(text);
+        state
+    }
+
+    #[test]
+    fn small_states_stay_plain_json() {
+        let state = RunState::new("run-1", "ops", "Delete user u-1");
+        let stored = StoredState::encode(&state);
+        assert_eq!(stored.encoding, RunStateEncoding::Json);
+        assert_eq!(stored.run_state.as_deref(), Some(state.to_json().as_str()));
+        assert_eq!(decode(&status_of(&stored)).unwrap(), Some(state));
+    }
+
+    #[test]
+    fn large_states_are_compressed_and_read_back() {
+        let state = big_state(400 * 1024);
+        let stored = StoredState::encode(&state);
+        assert_eq!(stored.encoding, RunStateEncoding::GzipBase64);
+        assert!(stored.bytes < 400 * 1024);
+        assert_eq!(decode(&status_of(&stored)).unwrap(), Some(state));
+    }
+
+    #[test]
+    fn states_beyond_compression_are_chunked() {
+        let state = big_state(5 * 1024 * 1024);
+        let stored = StoredState::encode(&state);
+        assert_eq!(stored.encoding, RunStateEncoding::GzipBase64Chunks);
+        assert!(stored.run_state.is_none());
+        assert!(stored.chunks.len() >= 2);
+        assert!(stored.chunks.iter().all(|c| c.len() <= CHUNK_SIZE));
+        assert!(matches!(
+            decode(&status_of(&stored)),
+            Err(StoredStateError::NeedsClient)
+        ));
+        let joined: String = stored.chunks.concat();
+        assert_eq!(
+            decode_text(
+                &joined,
+                RunStateEncoding::GzipBase64Chunks,
+                Some(&stored.digest)
+            )
+            .unwrap(),
+            state
+        );
+    }
+
+    #[test]
+    fn tampering_and_bad_encodings_are_clear_errors() {
+        let state = RunState::new("run-1", "ops", "Delete user u-1");
+        let stored = StoredState::encode(&state);
+        let mut status = status_of(&stored);
+        status.run_state = Some(stored.run_state.clone().unwrap().replace("u-1", "u-2"));
         assert!(matches!(
             decode(&status),
             Err(StoredStateError::DigestMismatch { .. })
         ));
+
+        let garbage = "not base64 at all!";
+        let status = AgentRunStatus {
+            run_state: Some(garbage.into()),
+            run_state_encoding: Some(RunStateEncoding::GzipBase64),
+            ..Default::default()
+        };
+        let err = decode(&status).unwrap_err().to_string();
+        assert!(err.contains("gzip+base64"), "{err}");
     }
 
     #[test]

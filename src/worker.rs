@@ -3,7 +3,12 @@
 //! status, runs the agent loop until it halts for approval or finishes, and writes the new state
 //! back — only if the run is still at the step it was started for.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
@@ -11,8 +16,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::agent::{ApiKey, RunStatus, Runner};
-use crate::crd::{Agent, AgentRun};
+use crate::agent::{ApiKey, HookError, RunHooks, RunStatus, Runner, ToolCallGate, ToolCallStart};
+use crate::crd::{Agent, AgentRun, ToolCallRecord};
 use crate::run_status::{self, StoredState};
 use crate::state::RunState;
 
@@ -117,7 +122,7 @@ pub async fn run_step(
     }
 
     let loaded_digest = status.run_state_digest.clone();
-    let mut state = match run_status::decode(&status)? {
+    let mut state = match run_status::load(&client, &run).await? {
         Some(state) => state,
         None => RunState::new(
             run.uid().unwrap_or_default(),
@@ -125,7 +130,13 @@ pub async fn run_step(
             run.spec.input.clone(),
         ),
     };
-    let runner = Runner::new()?;
+    let hooks = Arc::new(StartRecorder {
+        runs: runs.clone(),
+        name: name.to_owned(),
+        step,
+        records: Mutex::new(status.tool_calls.clone()),
+    });
+    let runner = Runner::new()?.with_hooks(hooks);
     info!(run = %name, step, "running step");
     let outcome = runner.step(&agent, &mut state).await;
     let status = match outcome {
@@ -134,14 +145,14 @@ pub async fn run_step(
             // Keep the progress made before the failure (model answers, tool results), so the
             // retry does not redo it; the error still fails this step.
             if let Err(write_error) =
-                write_state(&runs, name, step, loaded_digest.as_deref(), &state).await
+                write_state(&client, &runs, name, step, loaded_digest.as_deref(), &state).await
             {
                 warn!(error = %write_error, "could not save the partial state");
             }
             return Err(error.into());
         }
     };
-    write_state(&runs, name, step, loaded_digest.as_deref(), &state).await?;
+    write_state(&client, &runs, name, step, loaded_digest.as_deref(), &state).await?;
     Ok(match status {
         RunStatus::Completed => StepResult::Completed,
         RunStatus::AwaitingApproval => {
@@ -153,6 +164,7 @@ pub async fn run_step(
 /// Writes the state, guarded by resourceVersion; on a conflict it re-reads the run and writes
 /// again only if the run is still at `step` with the state this worker loaded.
 async fn write_state(
+    client: &Client,
     runs: &Api<AgentRun>,
     name: &str,
     step: u32,
@@ -178,6 +190,9 @@ async fn write_state(
                 current: current_step,
             });
         }
+        if attempt == 0 {
+            stored.write_chunks(client, &run).await?;
+        }
         let patch = json!({
             "metadata": {"resourceVersion": run.resource_version()},
             "status": status,
@@ -197,4 +212,81 @@ async fn write_state(
         expected: step,
         current: step,
     })
+}
+
+/// The message a model gets for a call of a non-idempotent tool that a stopped worker may already
+/// have sent: it is not sent again.
+pub const UNKNOWN_OUTCOME_MESSAGE: &str = "The outcome of this tool call is unknown: a worker stopped after sending it, and the tool is not idempotent, so it was not sent again. Check the system before retrying.";
+
+/// Records each tool call in the run's status before it is sent (at-most-once execution). A call
+/// already recorded by an earlier worker of the run was sent before a crash: it is re-sent with the
+/// same Idempotency-Key when the tool is idempotent (and counted in `resent`), and otherwise not
+/// sent at all: the model is told its outcome is unknown and the record says `Unknown`.
+struct StartRecorder {
+    runs: Api<AgentRun>,
+    name: String,
+    step: u32,
+    records: Mutex<Vec<ToolCallRecord>>,
+}
+
+impl StartRecorder {
+    async fn save(&self, records: &[ToolCallRecord]) -> Result<(), HookError> {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let patch = json!({"status": {"toolCalls": records}});
+        self.runs
+            .patch_status(&self.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| HookError::new(format!("recording the tool call start: {e}")))
+    }
+}
+
+impl RunHooks for StartRecorder {
+    fn before_tool_call<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+    ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
+        Box::pin(async move {
+            let mut records = self.records.lock().await;
+            let gate = match records
+                .iter_mut()
+                .find(|r| r.tool_call_id == call.tool_call_id)
+            {
+                Some(record) if call.idempotent => {
+                    record.resent = Some(record.resent.unwrap_or(0) + 1);
+                    warn!(
+                        tool_call_id = call.tool_call_id,
+                        "re-sending a call a stopped worker had started, with the same Idempotency-Key"
+                    );
+                    ToolCallGate::Send
+                }
+                Some(record) => {
+                    record.outcome = Some("Unknown".into());
+                    warn!(
+                        tool_call_id = call.tool_call_id,
+                        "not re-sending a non-idempotent call a stopped worker had started"
+                    );
+                    ToolCallGate::Skip {
+                        result: UNKNOWN_OUTCOME_MESSAGE.into(),
+                    }
+                }
+                None => {
+                    records.push(ToolCallRecord {
+                        tool_call_id: call.tool_call_id.to_owned(),
+                        tool_name: call.tool_name.to_owned(),
+                        step: self.step,
+                        started_at: Time(k8s_openapi::jiff::Timestamp::now()),
+                        resent: None,
+                        outcome: None,
+                    });
+                    ToolCallGate::Send
+                }
+            };
+            self.save(&records).await?;
+            Ok(gate)
+        })
+    }
 }

@@ -77,9 +77,18 @@ where
 
 static POLICIES_READY: OnceLock<()> = OnceLock::new();
 
-/// Installs `crds/` and waits until the API server enforces every policy of it: admission
-/// policies take effect a moment after they are created, and until then requests pass.
-fn install_and_wait_for_policies(cp: &ControlPlane) {
+/// The policies of `crds/`, each checked by a probe that passes only once it is enforced.
+const PROBES: [&str; 4] = [
+    "stamp-creator",
+    "run-creator",
+    "stamp-decider",
+    "approval-identity",
+];
+
+/// Waits until the API server enforces every policy of `crds/` (installed by
+/// `install_crds`): admission policies take effect a moment after they are created, and right
+/// after a CRD is established the mutating ones may still answer 503 for its kind.
+fn wait_for_policies(cp: &ControlPlane) {
     POLICIES_READY.get_or_init(|| {
         let probe = format!("policy-probe-{:08x}", rand::random::<u32>());
         assert_success(
@@ -87,21 +96,26 @@ fn install_and_wait_for_policies(cp: &ControlPlane) {
             "create the probe namespace",
         );
         let deadline = Instant::now() + Duration::from_secs(90);
-        let mut pending = vec![
-            "stamp-creator",
-            "run-creator",
-            "stamp-decider",
-            "approval-identity",
-        ];
+        let mut waiting: Vec<(&str, String)> = PROBES
+            .iter()
+            .map(|p| (*p, "not tried".to_owned()))
+            .collect();
         let mut attempt = 0;
-        while !pending.is_empty() {
+        while !waiting.is_empty() {
             assert!(
                 Instant::now() < deadline,
-                "the admission policies did not take effect: {pending:?}"
+                "the admission policies did not take effect: {waiting:#?}"
             );
             attempt += 1;
-            pending.retain(|policy| !probe_policy(cp, &probe, policy, attempt));
-            if !pending.is_empty() {
+            waiting = waiting
+                .into_iter()
+                .filter_map(|(policy, _)| {
+                    probe_policy(cp, &probe, policy, attempt)
+                        .err()
+                        .map(|why| (policy, why))
+                })
+                .collect();
+            if !waiting.is_empty() {
                 std::thread::sleep(Duration::from_millis(250));
             }
         }
@@ -112,8 +126,8 @@ fn install_and_wait_for_policies(cp: &ControlPlane) {
     });
 }
 
-/// True when `policy` is in effect, tried with objects named for this attempt.
-fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> bool {
+/// `Ok` when `policy` is enforced, else why not (yet); tried with objects named for `attempt`.
+fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> Result<(), String> {
     let name = format!("{policy}-{attempt}");
     let run = |annotations: &str| {
         format!(
@@ -126,27 +140,44 @@ fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> bool
             arguments_digest(ARGUMENTS)
         )
     };
-    let create = |yaml: &str| {
-        cp.kubectl_with_stdin(
+    // The created object, or why the create failed.
+    let create = |yaml: &str| -> Result<Value, String> {
+        let out = cp.kubectl_with_stdin(
             Identity::Admin,
             &["create", "-o", "json", "-f", "-"],
             Some(yaml),
-        )
+        );
+        if !out.status.success() {
+            return Err(stderr(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("kubectl printed no object: {e}"))
     };
-    let annotation = |out: &Output, key: &str| -> Option<String> {
-        let object: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let annotation = |object: &Value, key: &str| -> Option<String> {
         object["metadata"]["annotations"][key]
             .as_str()
             .map(str::to_owned)
     };
+    // A change the policy must refuse, with `message`.
+    let refused = |out: Output, message: &str| {
+        let err = stderr(&out);
+        if out.status.success() {
+            Err("accepted".to_owned())
+        } else if err.contains(message) {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    };
     match policy {
         "stamp-creator" => {
-            let out = create(&run(&format!("'{CREATED_BY_ANNOTATION}': forged")));
-            assert_success(&out, "create a probe AgentRun");
-            annotation(&out, CREATED_BY_ANNOTATION).as_deref() == Some("admin")
+            let object = create(&run(&format!("'{CREATED_BY_ANNOTATION}': forged")))?;
+            match annotation(&object, CREATED_BY_ANNOTATION).as_deref() {
+                Some("admin") => Ok(()),
+                other => Err(format!("{CREATED_BY_ANNOTATION} is {other:?}")),
+            }
         }
         "run-creator" => {
-            assert_success(&create(&run("")), "create a probe AgentRun");
+            create(&run(""))?;
             let out = cp.kubectl(
                 Identity::Admin,
                 &[
@@ -159,21 +190,27 @@ fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> bool
                     &format!("{CREATED_BY_ANNOTATION}=changed"),
                 ],
             );
-            !out.status.success() && stderr(&out).contains(CREATED_BY_IMMUTABLE_MESSAGE)
+            refused(out, CREATED_BY_IMMUTABLE_MESSAGE)
         }
         "stamp-decider" => {
-            let out = create(&request(
+            let object = create(&request(
                 "",
                 ", decision: Approved, approverId: admin, reason: probe",
-            ));
-            assert_success(&out, "create a decided probe ApprovalRequest");
-            annotation(&out, DECIDED_BY_ANNOTATION)
-                .and_then(|v| DecidedBy::parse(&v).ok())
-                .is_some_and(|d| d.username == "admin")
+            ))?;
+            let stamp = annotation(&object, DECIDED_BY_ANNOTATION)
+                .ok_or_else(|| format!("no {DECIDED_BY_ANNOTATION}"))?;
+            match DecidedBy::parse(&stamp) {
+                Ok(d) if d.username == "admin" => Ok(()),
+                other => Err(format!("{DECIDED_BY_ANNOTATION}: {other:?}")),
+            }
         }
         "approval-identity" => {
-            let out = create(&request(&format!("'{DECIDED_BY_ANNOTATION}': forged"), ""));
-            !out.status.success() && stderr(&out).contains(DECIDED_BY_MESSAGE)
+            let out = cp.kubectl_with_stdin(
+                Identity::Admin,
+                &["create", "-f", "-"],
+                Some(&request(&format!("'{DECIDED_BY_ANNOTATION}': forged"), "")),
+            );
+            refused(out, DECIDED_BY_MESSAGE)
         }
         other => unreachable!("no probe for {other}"),
     }
@@ -216,7 +253,7 @@ struct Fixture {
 async fn setup(prefix: &str) -> Fixture {
     let cp = ControlPlane::shared().await;
     cp.install_crds().await;
-    install_and_wait_for_policies(cp);
+    wait_for_policies(cp);
     let ns = cp.namespace(prefix).await;
     assert_success(
         &cp.kubectl_with_stdin(

@@ -363,6 +363,8 @@ async fn valid_objects_are_accepted_and_read_back() {
         pending_approvals: Some(1),
         worker_pod: Some(agentrun::crd::worker_pod_name("restart-web", 1)),
         started_at: Some(now()),
+        tool_calls: vec![],
+        run_state_chunks: None,
         completed_at: None,
         retries: Some(0),
         created_by: Some("carol@example.com".to_owned()),

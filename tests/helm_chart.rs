@@ -13,10 +13,11 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use agentrun::controller::{self, ControllerConfig, StartError, decide::Policy};
+use agentrun::controller::{self, ControllerConfig, LeaderElection, StartError, decide::Policy};
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
 use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, ListParams};
@@ -106,7 +107,13 @@ fn install_crds(cp: &ControlPlane) {
         let crds = chart().join("crds");
         let out = cp.kubectl(
             Identity::Admin,
-            &["apply", "--server-side", "--force-conflicts", "-f", crds.to_str().unwrap()],
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                crds.to_str().unwrap(),
+            ],
         );
         assert_success(&out, "kubectl apply -f charts/agentrun/crds");
         let out = cp.kubectl(
@@ -271,9 +278,8 @@ async fn controller_kubeconfig(cp: &ControlPlane, release: &Release) -> PathBuf 
 }
 
 fn is_admission_policy_kind(kind: &Value) -> bool {
-    kind.as_str().is_some_and(|k| {
-        k.ends_with("AdmissionPolicy") || k.ends_with("AdmissionPolicyBinding")
-    })
+    kind.as_str()
+        .is_some_and(|k| k.ends_with("AdmissionPolicy") || k.ends_with("AdmissionPolicyBinding"))
 }
 
 fn file_names(dir: &Path) -> BTreeSet<String> {
@@ -321,7 +327,10 @@ fn the_chart_crds_and_policies_are_the_generated_ones() {
             "charts/agentrun/{what}/{name} differs from crds/{name}: after `agentrun crdgen`, cp crds/{name} charts/agentrun/{what}/"
         );
     }
-    assert!(crd_files.len() >= 3, "expected the three CRDs, found {crd_files:?}");
+    assert!(
+        crd_files.len() >= 3,
+        "expected the three CRDs, found {crd_files:?}"
+    );
     assert_eq!(
         file_names(&chart().join("crds")),
         crd_files,
@@ -561,6 +570,10 @@ async fn the_values_schema_rejects_mistakes() {
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("metrics.port=70000", "/metrics/port"),
         ("watchNamespace=Not_A_Namespace", "/watchNamespace"),
+        (
+            "admissionPolicies.gitopsGroup=it's",
+            "/admissionPolicies/gitopsGroup",
+        ),
     ] {
         let out = cp.helm(&["template", "x", &chart_arg(), "--set", value]);
         assert!(
@@ -686,7 +699,10 @@ async fn the_deployment_runs_the_controller_as_specified() {
         for object in objects {
             let name = object["metadata"]["name"].as_str().unwrap();
             assert!(name.starts_with("agentrun-"), "{kind} {name}");
-            assert_eq!(object["metadata"]["labels"]["app.kubernetes.io/instance"], "agentrun");
+            assert_eq!(
+                object["metadata"]["labels"]["app.kubernetes.io/instance"],
+                "agentrun"
+            );
             if kind.ends_with("Binding") {
                 assert_eq!(object["spec"]["policyName"], name, "{kind} {name}");
             }
@@ -703,13 +719,19 @@ async fn the_deployment_runs_the_controller_as_specified() {
         .find(|p| p["metadata"]["name"] == "agentrun-prod-approval-identity")
         .expect("the approval-identity policy, named after the release");
     let text = identity["spec"].to_string();
-    assert!(text.contains("'flux:appliers' in request.userInfo.groups"), "{text}");
+    assert!(
+        text.contains("'flux:appliers' in request.userInfo.groups"),
+        "{text}"
+    );
     assert!(!text.contains("agentrun:gitops"), "{text}");
     let binding = of_kind(&policies, "ValidatingAdmissionPolicyBinding")
         .into_iter()
         .find(|b| b["metadata"]["name"] == "agentrun-prod-approval-identity")
         .expect("its binding");
-    assert_eq!(binding["spec"]["policyName"], "agentrun-prod-approval-identity");
+    assert_eq!(
+        binding["spec"]["policyName"],
+        "agentrun-prod-approval-identity"
+    );
     let off = documents(&template(
         cp,
         "agentrun",
@@ -1018,8 +1040,19 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
             "-n",
             s,
         ],
+        vec![
+            "patch",
+            "leases.coordination.k8s.io/agentrun-controller",
+            "-n",
+            s,
+        ],
+        vec!["create", "configmaps", "-n", t],
+        vec!["get", "configmaps", "-n", t],
+        vec!["list", "configmaps", "-n", t],
+        vec!["delete", "configmaps", "-n", t],
     ];
     let refused: Vec<Vec<&str>> = vec![
+        vec!["update", "configmaps", "-n", t],
         vec!["list", "secrets", "-n", t],
         vec!["watch", "secrets", "-n", t],
         vec!["create", "secrets", "-n", t],
@@ -1115,6 +1148,12 @@ async fn wait_for_phase(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_with_the_chart_service_account_completes_an_approval_flow() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Reconcile errors (a Forbidden one names the missing right) show in the output of a failure.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("agentrun=warn"))
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
     let cp = ControlPlane::shared().await;
     install_crds(cp);
     let runs = cp.namespace("chart-flow-runs").await;
@@ -1164,11 +1203,16 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
     );
     assert_eq!(text(&bob.stdout).trim(), "no", "only alice was bound");
 
-    // The controller runs here, as the chart's service account, cluster-wide like the Deployment.
+    // The controller runs here, as the chart's service account, cluster-wide and leader-elected on
+    // the chart's Lease, serving the endpoints the chart's probes and Service use.
     let token = cp
         .service_account_token(&release.namespace, &release.controller())
         .await;
     let client = cp.client_with_token(&token).await;
+    let metrics_addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().unwrap()
+    };
     let config = ControllerConfig {
         namespace: None,
         policy: Policy {
@@ -1176,6 +1220,14 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
             retry_backoff: Duration::from_millis(200),
             recheck: Duration::from_secs(2),
         },
+        metrics_addr: Some(metrics_addr),
+        leader_election: Some(LeaderElection {
+            namespace: release.namespace.clone(),
+            lease_name: "agentrun-controller".into(),
+            identity: "in-process-replica".into(),
+            lease_duration: Duration::from_secs(15),
+            grace: Duration::from_secs(5),
+        }),
         ..Default::default()
     };
     let controller = tokio::spawn(async move {
@@ -1333,7 +1385,11 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
     let done = wait_for_phase(cp, &runs.name, "r1", AgentRunPhase::Succeeded, &controller).await;
     let status = done.status.clone().unwrap();
     assert_eq!(status.final_output.as_deref(), Some("User u-7 deleted."));
-    assert_eq!(status.created_by.as_deref(), Some("admin"), "stamped by the chart's policy");
+    assert_eq!(
+        status.created_by.as_deref(),
+        Some("admin"),
+        "stamped by the chart's policy"
+    );
     assert_eq!(tools.calls_with_key("call_1"), 1);
     let decided = requests.get(&request).await.unwrap();
     let stamp: Value = serde_json::from_str(
@@ -1360,6 +1416,30 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
             .all(|r| r.header("authorization") == Some(bearer.as_str())),
         "the workers read the model key from the Secret"
     );
+
+    // The controller held the chart's Lease, and answered on the chart's probe paths and port.
+    let leases: Api<Lease> = Api::namespaced(cp.client(Identity::Admin).await, &release.namespace);
+    let lease = leases
+        .get("agentrun-controller")
+        .await
+        .expect("the leader Lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("in-process-replica")
+    );
+    let http = reqwest::Client::new();
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let response = http
+            .get(format!("http://{metrics_addr}{path}"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert!(
+            response.status().is_success(),
+            "GET {path}: {}",
+            response.status()
+        );
+    }
 
     // The worker Role the controller created (with the chart's rights) names exactly that Secret.
     let roles: Api<Role> = Api::namespaced(cp.client(Identity::Admin).await, &runs.name);

@@ -125,6 +125,26 @@ fn apply(cp: &ControlPlane, identity: Identity, yaml: &str) {
     );
 }
 
+/// Creates a run as `identity`. Right after `crds/` is installed the API server may refuse it for
+/// a moment while its admission policies come into effect (the CRD's kind not yet known to a
+/// policy, or the creator check in effect before the creator stamp): such refusals are retried,
+/// any other failure or a refusal lasting 60 s fails the test.
+async fn create_run(cp: &ControlPlane, identity: Identity, yaml: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = cp.kubectl_with_stdin(identity, &["apply", "-f", "-"], Some(yaml));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let settling = stderr
+            .contains("There can be a delay between when CustomResourceDefinitions")
+            || stderr.contains("agentrun.dev/created-by must be your own username");
+        if out.status.success() || !settling || tokio::time::Instant::now() > deadline {
+            assert_success(&out, "create the run");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// An Agent with the scripted model: `delete_user` needs approval, `lookup_user` does not.
 fn agent_yaml(ns: &str, turns: Value, tools: &ToolServer) -> String {
     serde_json::to_string(&json!({
@@ -171,7 +191,7 @@ async fn halted_run(
     let operator = start_operator(cp, &ns).await;
     let tools = ToolServer::start().await;
     apply(cp, Identity::Admin, &agent_yaml(&ns.name, turns, &tools));
-    apply(cp, Identity::Carol, &run_yaml(&ns.name, "r1", input));
+    create_run(cp, Identity::Carol, &run_yaml(&ns.name, "r1", input)).await;
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
     let requests = requests_of(cp, &ns.name, "r1").await;
     (ns, operator, tools, requests)

@@ -697,3 +697,215 @@ async fn a_run_of_a_missing_agent_says_so_and_starts_when_it_appears() {
     );
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
 }
+
+fn delete_pod(cp: &ControlPlane, ns: &str, pod: &str) {
+    assert_success(
+        &cp.kubectl(
+            Identity::Admin,
+            &["delete", "pod", pod, "-n", ns, "--wait=false"],
+        ),
+        "delete pod",
+    );
+}
+
+/// Waits until the tool server has received `n` calls on `path`.
+async fn wait_for_calls(tools: &ToolServer, path: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tools.requests_to(path).len() < n {
+        assert!(tokio::time::Instant::now() < deadline, "no call to {path}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn at_most_once_run(idempotent: bool) -> (KeepAlive, AgentRun, ToolServer) {
+    let cp = ControlPlane::shared().await;
+    let ns = cp
+        .namespace(if idempotent {
+            "e2e-resend"
+        } else {
+            "e2e-unknown"
+        })
+        .await;
+    let operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    // The first call hangs long enough for the test to kill its worker mid-call.
+    tools.push(
+        "/delete_user",
+        support::tool_server::ToolReply::Delay(
+            Duration::from_secs(30),
+            Box::new(support::tool_server::ToolReply::Echo),
+        ),
+    );
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    let mut agent: serde_json::Value =
+        serde_json::from_str(&agent_yaml(&ns.name, "ops", scripted, &tools)).unwrap();
+    agent["spec"]["tools"][0]["idempotent"] = json!(idempotent);
+    apply(cp, Identity::Admin, &agent.to_string());
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
+    );
+    wait_for_calls(&tools, "/delete_user", 1).await;
+    // The worker has recorded the start and sent the call; it dies before the result.
+    delete_pod(cp, &ns.name, "r1-step-1");
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    (
+        KeepAlive {
+            _ns: ns,
+            _operator: operator,
+        },
+        done,
+        tools,
+    )
+}
+
+/// Keeps a test's namespace and operator alive while it inspects the result.
+struct KeepAlive {
+    _ns: TestNamespace,
+    _operator: Operator,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_call_resends_an_idempotent_call_with_the_same_key() {
+    let (_keep, done, tools) = at_most_once_run(true).await;
+    let calls = tools.requests_to("/delete_user");
+    assert_eq!(calls.len(), 2, "sent again after the crash");
+    assert!(calls.iter().all(|c| c.idempotency_key() == Some("call_1")));
+    let status = done.status.unwrap();
+    let record = &status.tool_calls[0];
+    assert_eq!(record.tool_call_id, "call_1");
+    assert_eq!(record.resent, Some(1));
+    assert_eq!(record.outcome, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_idempotent_call_with_an_unknown_outcome_is_not_sent_again() {
+    let (_keep, done, tools) = at_most_once_run(false).await;
+    assert_eq!(
+        tools.requests_to("/delete_user").len(),
+        1,
+        "never sent twice"
+    );
+    let status = done.status.clone().unwrap();
+    assert_eq!(status.tool_calls[0].outcome.as_deref(), Some("Unknown"));
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == controller::TOOL_OUTCOME_UNKNOWN)
+        .expect("a condition says the outcome is unknown");
+    assert!(
+        condition.message.contains("call_1"),
+        "{}",
+        condition.message
+    );
+    let state = state_of(&done);
+    let told = state
+        .messages
+        .iter()
+        .map(|m| agentrun::state::pyjson::dumps(m).unwrap())
+        .find(|m| m.contains("\"tool\"") && m.contains("call_1"))
+        .expect("the model got a result for call_1");
+    assert!(
+        told.contains("outcome of this tool call is unknown"),
+        "{told}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_history_grows_to_5_mib_finishes() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-large").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    // 250 KB of incompressible-ish text per lookup: 21 lookups grow the history past 5 MiB.
+    let mut seed = 11u64;
+    let mut page = String::new();
+    while page.len() < 250_000 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        page.push_str(&format!("{:x} ", seed >> 16));
+    }
+    tools.set_reply(
+        "/lookup_user",
+        support::tool_server::ToolReply::Json(json!({"page": page})),
+    );
+    let mut turns: Vec<serde_json::Value> = (0..12)
+        .map(|i| json!({"toolCalls": [{"id": format!("call_l{i}"), "name": "lookup_user", "arguments": {"user_id": "u-1"}}]}))
+        .collect();
+    turns.push(json!({"toolCalls": [{"id": "call_d", "name": "delete_user", "arguments": {"user_id": "u-1"}}]}));
+    turns.extend((12..21).map(|i| json!({"toolCalls": [{"id": format!("call_l{i}"), "name": "lookup_user", "arguments": {"user_id": "u-1"}}]})));
+    turns.push(json!({"content": "Read everything."}));
+    let mut agent: serde_json::Value = serde_json::from_str(&agent_yaml(
+        &ns.name,
+        "ops",
+        json!({"scripted": {"turns": turns}}),
+        &tools,
+    ))
+    .unwrap();
+    agent["spec"]["maxTurns"] = json!(40);
+    apply(cp, Identity::Admin, &agent.to_string());
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Read all pages"),
+    );
+
+    let halted = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let status = halted.status.clone().unwrap();
+    assert_ne!(
+        status.run_state_encoding,
+        Some(agentrun::crd::RunStateEncoding::Json)
+    );
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
+    );
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(status.final_output.as_deref(), Some("Read everything."));
+    assert_eq!(
+        status.run_state_encoding,
+        Some(agentrun::crd::RunStateEncoding::GzipBase64Chunks)
+    );
+    let client = cp.client(Identity::Admin).await;
+    let state = agentrun::run_status::load(&client, &done)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        state.to_json().len() > 5 * 1024 * 1024,
+        "{} bytes",
+        state.to_json().len()
+    );
+    assert_eq!(
+        state.approval_metadata["call_d"].approver_id.as_deref(),
+        Some("alice@example.com")
+    );
+    assert_eq!(tools.calls_with_key("call_d"), 1);
+}

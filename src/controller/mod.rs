@@ -436,11 +436,13 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
     if decide::needs_state(&run, &pods) {
         let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
         let fresh = api.get(&run.name_any()).await?;
-        state = Some(
-            run_status::decode(&fresh.status.clone().unwrap_or_default())
-                .map_err(|e| e.to_string())
-                .and_then(|s| s.ok_or_else(|| "status.runState is missing".to_owned())),
-        );
+        state = Some(match run_status::load(&ctx.client, &fresh).await {
+            Ok(Some(state)) => Ok(state),
+            Ok(None) => Err("status.runState is missing".to_owned()),
+            // An API failure reading chunks is retried; anything else is a bad state.
+            Err(run_status::StoredStateError::Kube(e)) => return Err(e.into()),
+            Err(e) => Err(e.to_string()),
+        });
         full = Some(fresh);
     }
     let observed_run = full.as_ref().unwrap_or(&run);
@@ -453,6 +455,10 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
         state: state.as_ref().map(|s| s.as_ref().map_err(Clone::clone)),
         now: Utc::now(),
     };
+    if report_unknown_outcomes(ctx, observed_run, &ns).await? {
+        // Later status patches start from the cached conditions: act once the cache has it.
+        return Ok(Requeue::await_change());
+    }
     let action = decide::decide(&observed, &ctx.config.policy);
     tracing::debug!(?action, "decided");
     let io = Io {
@@ -981,8 +987,25 @@ impl Io<'_> {
             "Running",
             &format!("resumed in worker Pod {pod} at step {step}"),
         );
+        stored
+            .write_chunks(&self.ctx.client, self.run)
+            .await
+            .map_err(|e| ReconcileError::Decision {
+                request: "the run's state".into(),
+                message: e.to_string(),
+            })?;
         // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
         self.patch_status(json!({"status": status}), true).await?;
+        if !stored.chunks.is_empty()
+            || self
+                .run
+                .status
+                .as_ref()
+                .and_then(|s| s.run_state_chunks)
+                .is_some()
+        {
+            run_status::prune_chunks(&self.ctx.client, self.run, &stored.digest).await;
+        }
         self.create_pod(step, 0).await?;
         let created = Utc::now();
         for decided_at in decided_times {
@@ -1034,6 +1057,66 @@ impl Io<'_> {
             .await;
         Ok(Requeue::await_change())
     }
+}
+
+/// The condition type saying a tool call's outcome is unknown (at-most-once execution).
+pub const TOOL_OUTCOME_UNKNOWN: &str = "ToolOutcomeUnknown";
+
+/// Surfaces, once, the tool calls a worker recorded as `Unknown` (a non-idempotent call that a
+/// stopped worker may have sent) in a condition and a Warning Event.
+async fn report_unknown_outcomes(
+    ctx: &Context,
+    run: &AgentRun,
+    ns: &str,
+) -> Result<bool, ReconcileError> {
+    let status = run.status.clone().unwrap_or_default();
+    let unknown: Vec<String> = status
+        .tool_calls
+        .iter()
+        .filter(|r| r.outcome.as_deref() == Some("Unknown"))
+        .map(|r| format!("{} ({})", r.tool_call_id, r.tool_name))
+        .collect();
+    if unknown.is_empty()
+        || crate::crd::find_condition(&status.conditions, TOOL_OUTCOME_UNKNOWN).is_some()
+    {
+        return Ok(false);
+    }
+    let message = format!(
+        "the outcome of {} is unknown: a worker stopped after sending it and the tool is not idempotent, so it was not sent again; the model was told",
+        unknown.join(", ")
+    );
+    let mut conditions = status.conditions.clone();
+    set_condition(
+        &mut conditions,
+        new_condition(
+            TOOL_OUTCOME_UNKNOWN,
+            ConditionStatus::True,
+            "NotResent",
+            &message,
+            run.metadata.generation,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        ),
+    );
+    let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), ns);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch_status(
+        &run.name_any(),
+        &params,
+        &Patch::Merge(&json!({"status": {"conditions": conditions}})),
+    )
+    .await?;
+    let event = Event {
+        type_: EventType::Warning,
+        reason: TOOL_OUTCOME_UNKNOWN.into(),
+        note: Some(truncate(&message, 1000)),
+        action: "RecordToolOutcome".into(),
+        secondary: None,
+    };
+    let _ = ctx.recorder.publish(&event, &run.object_ref(&())).await;
+    Ok(true)
 }
 
 /// When a person set the decision: the latest write to the request's spec by anyone but the

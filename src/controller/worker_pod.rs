@@ -225,6 +225,14 @@ pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, 
             ..Default::default()
         },
     ];
+    // States too large for the status are offloaded to ConfigMaps named after their digest, so
+    // the worker creates and reads ConfigMaps (names cannot be known when this Role is made).
+    rules.push(PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["configmaps".into()]),
+        verbs: vec!["get".into(), "create".into()],
+        ..Default::default()
+    });
     if let Some(secret) = agent.spec.model.api_key_secret_ref.as_ref() {
         rules.push(PolicyRule {
             api_groups: Some(vec![String::new()]),
@@ -347,19 +355,19 @@ mod tests {
         .unwrap();
         let (_, role, binding) = worker_identity(&run(), &agent);
         let rules = role.rules.unwrap();
-        let names: Vec<_> = rules
-            .iter()
-            .map(|r| r.resource_names.clone().unwrap())
-            .collect();
+        let names: Vec<_> = rules.iter().map(|r| r.resource_names.clone()).collect();
         assert_eq!(
             names,
             [
-                vec!["r1".to_string()],
-                vec!["r1".into()],
-                vec!["ops".into()],
-                vec!["openai".into()]
+                Some(vec!["r1".to_string()]),
+                Some(vec!["r1".into()]),
+                Some(vec!["ops".into()]),
+                None,
+                Some(vec!["openai".into()])
             ]
         );
+        // The only unnamed rule: offloaded state chunks, created and read, never listed.
+        assert_eq!(rules[3].verbs, ["get", "create"]);
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
     }

@@ -125,7 +125,8 @@ pub struct AgentRunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_RUN_STATE_LENGTH))]
     pub run_state: Option<String>,
-    /// How runState is encoded: `json` (the default) or `gzip+base64` (reserved for large states).
+    /// How runState is encoded: `json` (the default), `gzip+base64` for large states, or
+    /// `gzip+base64+chunks` when even that is offloaded to ConfigMaps owned by the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_state_encoding: Option<RunStateEncoding>,
     /// The size of runState in bytes, as stored.
@@ -163,6 +164,40 @@ pub struct AgentRunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub created_by: Option<String>,
+    /// Tool calls a worker started (recorded before each call is sent), for at-most-once
+    /// execution: after a crash the next worker does not silently call them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub tool_calls: Vec<ToolCallRecord>,
+    /// When the RunState is offloaded (encoding `gzip+base64+chunks`), how many ConfigMaps
+    /// `<run>-state-<digest prefix>-<i>` hold it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_state_chunks: Option<u32>,
+}
+
+/// One tool call a worker sent (or was about to send).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallRecord {
+    /// The tool call id, also the `Idempotency-Key` header.
+    #[schemars(length(max = 256))]
+    pub tool_call_id: String,
+    /// The tool's name.
+    #[schemars(length(max = 64))]
+    pub tool_name: String,
+    /// The step whose worker started it.
+    pub step: u32,
+    /// When the worker recorded the start, just before sending.
+    pub started_at: Time,
+    /// How many times the call was sent again with the same Idempotency-Key after a worker
+    /// stopped before recording its result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resent: Option<u32>,
+    /// `Unknown` when the tool is not idempotent and a worker stopped after sending it: the call
+    /// was not sent again and the model was told its outcome is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub outcome: Option<String>,
 }
 
 /// Where a run is in its lifecycle.
@@ -245,9 +280,13 @@ pub enum RunStateEncoding {
     #[default]
     #[serde(rename = "json")]
     Json,
-    /// The JSON text gzip-compressed, then base64-encoded (reserved for large states).
+    /// The JSON text gzip-compressed, then base64-encoded (states above 256 KiB).
     #[serde(rename = "gzip+base64")]
     GzipBase64,
+    /// gzip then base64, too large for the status: split over ConfigMaps owned by the run
+    /// (`status.runStateChunks` of them); `runStateDigest` covers the joined text.
+    #[serde(rename = "gzip+base64+chunks")]
+    GzipBase64Chunks,
 }
 
 impl RunStateEncoding {
@@ -256,6 +295,7 @@ impl RunStateEncoding {
         match self {
             RunStateEncoding::Json => "json",
             RunStateEncoding::GzipBase64 => "gzip+base64",
+            RunStateEncoding::GzipBase64Chunks => "gzip+base64+chunks",
         }
     }
 }
@@ -273,10 +313,11 @@ impl FromStr for RunStateEncoding {
         match s {
             "json" => Ok(RunStateEncoding::Json),
             "gzip+base64" => Ok(RunStateEncoding::GzipBase64),
+            "gzip+base64+chunks" => Ok(RunStateEncoding::GzipBase64Chunks),
             _ => Err(CrdError::UnknownValue {
                 field: "AgentRun status.runStateEncoding",
                 value: s.to_owned(),
-                expected: "json or gzip+base64",
+                expected: "json, gzip+base64 or gzip+base64+chunks",
             }),
         }
     }

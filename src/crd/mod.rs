@@ -26,7 +26,7 @@ pub use crate::agent::spec::{Agent, AgentSpec, ApprovalSettings};
 pub use agent::AgentStatus;
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
-    WorkerOverrides,
+    ToolCallRecord, WorkerOverrides,
 };
 pub use approval_request::{
     AgentRunRef, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus,

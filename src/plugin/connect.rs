@@ -32,9 +32,10 @@ impl Session {
         };
         let config = match &args.kubeconfig {
             Some(path) => {
+                // The reader's error names the file.
                 let kubeconfig =
                     Kubeconfig::read_from(path).map_err(|e| PluginError::Kubeconfig {
-                        message: format!("{}: {e}", path.display()),
+                        message: e.to_string(),
                     })?;
                 Config::from_custom_kubeconfig(kubeconfig, &options)
                     .await

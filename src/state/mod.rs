@@ -826,8 +826,8 @@ pub fn format_timestamp(ts: &DateTime<Utc>) -> String {
 /// Parses a timestamp as written by Python's `datetime.isoformat()`: any UTC offset (converted to
 /// UTC), `Z`, `T` or a space between date and time, 0 to 9 fraction digits (truncated to
 /// microseconds), or no offset at all (a naive timestamp from an older payload, taken as UTC).
-pub fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, String> {
-    let t = text.trim();
+/// The error says what is wrong; the caller adds the field path.
+fn parse_timestamp(t: &str) -> Result<DateTime<Utc>, String> {
     let parsed = DateTime::parse_from_rfc3339(t)
         .map(|dt| dt.with_timezone(&Utc))
         .or_else(|_| {

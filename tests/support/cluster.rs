@@ -324,6 +324,22 @@ impl ControlPlane {
                 ],
             );
             assert_success(&out, "kubectl wait for CRDs");
+            // Established is not quite served everywhere yet (admission plugins learn new kinds a
+            // moment later): wait until a server-side dry-run create of each kind passes.
+            let probe = "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: probe, namespace: default}\nspec: {agentRef: {name: probe}, input: probe}\n---\napiVersion: agentrun.dev/v1alpha1\nkind: Agent\nmetadata: {name: probe, namespace: default}\nspec: {model: {scripted: {turns: []}}}\n";
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let out = self.kubectl_with_stdin(
+                    Identity::Admin,
+                    &["create", "--dry-run=server", "-f", "-"],
+                    Some(probe),
+                );
+                if out.status.success() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "CRDs not served: {}", String::from_utf8_lossy(&out.stderr));
+                std::thread::sleep(Duration::from_millis(200));
+            }
         });
     }
 

@@ -1,0 +1,132 @@
+//! `agentrun bench`: the operator benchmark against a local control plane (see
+//! [`crate::bench`] and `docs/benchmark.md`). Progress goes to stderr, the table to stdout.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::bench::BenchConfig;
+
+/// Arguments of `agentrun bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// The local control plane's folder (from `scripts/local-cluster start --dir DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub cluster_dir: PathBuf,
+    /// Run counts to measure, one approval cycle each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub runs: Vec<usize>,
+    /// Idle AwaitingApproval runs for the memory measurement (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    pub idle_runs: usize,
+    /// The size of each idle run's RunState, in KiB.
+    #[arg(long, default_value_t = 64)]
+    pub idle_state_kib: usize,
+    /// Apply the CRDs, admission policies and roles from this folder first.
+    #[arg(long, value_name = "DIR", default_value = "crds")]
+    pub crds: PathBuf,
+    /// Do not apply the CRDs (they are installed already).
+    #[arg(long)]
+    pub skip_crds: bool,
+    /// Requests in flight when creating runs, approving and sampling the baseline.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Samples of the baseline taken just before the approval burst.
+    #[arg(long, default_value_t = 200)]
+    pub baseline_samples: usize,
+    /// Milliseconds between baseline samples during the approval burst.
+    #[arg(long, default_value_t = 50)]
+    pub baseline_interval_ms: u64,
+    /// The most baseline samples taken during the approval burst.
+    #[arg(long, default_value_t = 2000)]
+    pub baseline_max_live: usize,
+    /// The limit of each wait (runs halted, Pods created, runs finished, caches synced).
+    #[arg(long, default_value_t = 1800)]
+    pub timeout_seconds: u64,
+    /// Seconds the idle controller is observed after its caches synced.
+    #[arg(long, default_value_t = 30)]
+    pub idle_observe_seconds: u64,
+    /// Seconds to wait for the idle controller to have every run's request pending.
+    #[arg(long, default_value_t = 600)]
+    pub idle_settle_seconds: u64,
+    /// Where logs, kubeconfigs and Pod folders go (default: a folder in the system temp dir);
+    /// a phase's folder is removed when it succeeds and kept when it fails.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// The agentrun binary run as controller, dev kubelet and workers (default: this binary).
+    #[arg(long, value_name = "PATH")]
+    pub agentrun_binary: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// The benchmark settings these arguments describe.
+    pub fn config(&self) -> Result<BenchConfig, String> {
+        let agentrun_binary = match &self.agentrun_binary {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot find this binary (pass --agentrun-binary): {e}"))?,
+        };
+        Ok(BenchConfig {
+            cluster_dir: self.cluster_dir.clone(),
+            runs: self.runs.clone(),
+            idle_runs: self.idle_runs,
+            idle_state_kib: self.idle_state_kib,
+            crds_dir: (!self.skip_crds).then(|| self.crds.clone()),
+            agentrun_binary,
+            concurrency: self.concurrency,
+            baseline_samples: self.baseline_samples,
+            baseline_interval: Duration::from_millis(self.baseline_interval_ms),
+            baseline_max_live: self.baseline_max_live,
+            timeout: Duration::from_secs(self.timeout_seconds),
+            idle_observe: Duration::from_secs(self.idle_observe_seconds),
+            idle_settle: Duration::from_secs(self.idle_settle_seconds),
+            work_dir: self.work_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("agentrun-bench-{}", std::process::id()))
+            }),
+        })
+    }
+}
+
+/// Runs the benchmark and prints its table. Exit code 0 when it measured everything (whether or
+/// not the goals were met: the table says), 1 on an error, 130 when interrupted.
+pub fn main(args: BenchArgs) -> ExitCode {
+    let config = match args.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentrun bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentrun bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        tokio::select! {
+            result = crate::bench::run(&config) => match result {
+                Ok(report) => {
+                    print!("{}", report.render());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("agentrun bench: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!(
+                    "agentrun bench: interrupted; namespaces labelled agentrun.dev/bench=true may be left (kubectl delete ns -l agentrun.dev/bench=true)"
+                );
+                ExitCode::from(130)
+            }
+        }
+    })
+}

@@ -774,7 +774,7 @@ impl BenchReport {
         );
         cycle_row(
             &mut table,
-            "create -> all halted",
+            "create -> all halted (in waves)",
             &|c| format!("{:.1} s", c.halt_seconds),
             "",
             None,
@@ -2000,21 +2000,41 @@ async fn cycle(
     let names: Vec<String> = (0..n).map(run_name).collect();
     let runs: Api<AgentRun> = Api::namespaced(cluster.admin.clone(), &ns.name);
     let created = Instant::now();
-    stream::iter(names.iter())
-        .map(|name| {
-            let runs = &runs;
-            async move {
-                let run = run_object(&ns.name, name)?;
-                runs.create(&PostParams::default(), &run)
-                    .await
-                    .map_err(kube_error(format!("creating AgentRun {name}")))
-            }
+    // Runs are created in waves, at most two waves in flight before they halt: this bounds the
+    // worker processes of step 0 that run at once (the dev kubelet runs each Pod at once).
+    let wave = (config.concurrency * 4).max(1);
+    for (index, chunk) in names.chunks(wave).enumerate() {
+        let started = index * wave;
+        wait_for("runs to halt before the next wave", config.timeout, || {
+            controller.process.check_alive()?;
+            kubelet.check_alive()?;
+            let runs = seen.runs();
+            let done = names[..started]
+                .iter()
+                .filter(|r| {
+                    runs.get(*r)
+                        .is_some_and(|s| s.awaiting.is_some() || s.terminal.is_some())
+                })
+                .count();
+            Ok((started - done > wave).then(|| format!("{done}/{started} halted")))
         })
-        .buffer_unordered(config.concurrency)
-        .try_for_each(|_| futures::future::ready(Ok(())))
         .await?;
+        stream::iter(chunk)
+            .map(|name| {
+                let runs = &runs;
+                async move {
+                    let run = run_object(&ns.name, name)?;
+                    runs.create(&PostParams::default(), &run)
+                        .await
+                        .map_err(kube_error(format!("creating AgentRun {name}")))
+                }
+            })
+            .buffer_unordered(config.concurrency)
+            .try_for_each(|_| futures::future::ready(Ok(())))
+            .await?;
+    }
     say(format!(
-        "{n} runs created in {:.1} s; waiting for them to halt",
+        "{n} runs created in {:.1} s (in waves of {wave}); waiting for them to halt",
         created.elapsed().as_secs_f64()
     ));
 

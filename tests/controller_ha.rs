@@ -189,7 +189,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
         .unwrap();
     assert_success(
         &cp.kubectl(
-            Identity::Admin,
+            Identity::Alice,
             &[
                 "patch",
                 "apr",
@@ -199,7 +199,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
                 "--type",
                 "merge",
                 "-p",
-                r#"{"spec":{"decision":"Approved","approverId":"admin","reason":"ok"}}"#,
+                r#"{"spec":{"decision":"Approved","approverId":"alice@example.com","reason":"ok"}}"#,
             ],
         ),
         "approve",

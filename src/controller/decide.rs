@@ -845,4 +845,77 @@ mod tests {
             .unwrap();
         assert!(state.pending_approvals().is_empty());
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn phase() -> impl Strategy<Value = Option<AgentRunPhase>> {
+            prop::option::of(prop::sample::select(AgentRunPhase::ALL.to_vec()))
+        }
+
+        fn pod_phase() -> impl Strategy<Value = Option<&'static str>> {
+            prop::option::of(prop::sample::select(vec!["Pending", "Running", "Succeeded", "Failed"]))
+        }
+
+        proptest! {
+            /// Whatever is observed, decide never panics and never approves a call whose request
+            /// does not carry an Approved decision for exactly that call: nothing auto-approves.
+            #[test]
+            fn decide_fails_closed(
+                phase in phase(),
+                step in 0u32..4,
+                retries in 0u32..5,
+                pod_state in pod_phase(),
+                decision in prop::option::of(prop::sample::select(vec![Decision::Approved, Decision::Rejected])),
+                tamper_digest in any::<bool>(),
+                tamper_uid in any::<bool>(),
+                request_step in 0u32..4,
+                with_request in any::<bool>(),
+                state_kind in 0u8..4,
+                agent_found in any::<bool>(),
+            ) {
+                let r = run(phase, step, retries);
+                let pods: Vec<Pod> = pod_state
+                    .map(|p| pod(&worker_pod_name("r1", step, retries), p, (p == "Failed").then_some((1, "boom"))))
+                    .into_iter()
+                    .collect();
+                let halted = halted_state();
+                let mut finished = RunState::new("uid-1", "ops", "hi");
+                finished.final_output = Some("done".into());
+                let state: Option<Result<&RunState, String>> = match state_kind {
+                    0 => None,
+                    1 => Some(Ok(&halted)),
+                    2 => Some(Ok(&finished)),
+                    _ => Some(Err("bad state".into())),
+                };
+                let mut req = request(&halted, decision);
+                req.spec.step = request_step;
+                if tamper_digest {
+                    req.spec.arguments = r#"{"user_id": "u-2"}"#.into();
+                    req.spec.arguments_digest = crate::crd::arguments_digest(&req.spec.arguments);
+                }
+                if tamper_uid {
+                    req.spec.agent_run_ref.uid = "uid-other".into();
+                }
+                let requests: Vec<ApprovalRequest> = with_request.then_some(req.clone()).into_iter().collect();
+                let mut o = observe(&r, &pods, &requests, state);
+                o.agent_found = agent_found;
+                let action = decide(&o, &Policy::default());
+                if let Action::Resume { decisions } = &action {
+                    for d in decisions {
+                        if let ResolvedKind::Approved { .. } = d.kind {
+                            prop_assert!(with_request);
+                            prop_assert_eq!(req.spec.decision, Some(Decision::Approved));
+                            prop_assert!(!tamper_digest && !tamper_uid);
+                            prop_assert_eq!(request_step, step);
+                        }
+                    }
+                }
+                if phase.is_some_and(AgentRunPhase::is_terminal) {
+                    prop_assert_eq!(action, Action::Wait);
+                }
+            }
+        }
+    }
 }

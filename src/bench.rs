@@ -665,11 +665,22 @@ pub struct IdleReport {
     pub observe_seconds: f64,
     /// Memory after the observation.
     pub after_observe: Memory,
-    /// Seconds from start until every run's ApprovalRequest was pending, and the memory then
-    /// (`None`: it did not settle in time).
-    pub settled: Option<(f64, Memory)>,
+    /// When every run's ApprovalRequest was pending (settled), or when the wait for that ended.
+    pub end: IdleEnd,
     /// The peak over the controller's life.
     pub peak_kib: u64,
+}
+
+/// The idle controller at the end of its settling wait.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IdleEnd {
+    /// Seconds since the controller started.
+    pub seconds: f64,
+    /// ApprovalRequests pending then (`agentrun_pending_approvals`); settled when it equals the
+    /// number of idle runs.
+    pub pending: u64,
+    /// The controller's memory then.
+    pub memory: Memory,
 }
 
 /// Everything one `agentrun bench` measured.
@@ -910,20 +921,24 @@ impl BenchReport {
                 mib(idle.after_observe.rss_kib),
                 under(idle.after_observe.rss_kib),
             );
-            match idle.settled {
-                Some((seconds, memory)) => idle_row(
-                    &mut table,
-                    &format!("idle RSS settled (all requests pending, {seconds:.0} s)"),
-                    mib(memory.rss_kib),
-                    under(memory.rss_kib),
-                ),
-                None => idle_row(
-                    &mut table,
-                    "idle RSS settled (all requests pending)",
-                    "not settled".into(),
-                    None,
-                ),
-            }
+            let end = idle.end;
+            let title = if end.pending >= idle.runs as u64 {
+                format!(
+                    "idle RSS settled (all requests pending, {:.0} s)",
+                    end.seconds
+                )
+            } else {
+                format!(
+                    "idle RSS at {:.0} s, not settled ({}/{} requests pending)",
+                    end.seconds, end.pending, idle.runs
+                )
+            };
+            idle_row(
+                &mut table,
+                &title,
+                mib(end.memory.rss_kib),
+                under(end.memory.rss_kib),
+            );
             idle_row(
                 &mut table,
                 "idle peak RSS (VmHWM)",
@@ -2353,34 +2368,31 @@ async fn idle(
         observed.elapsed().as_secs_f64(),
         mib(after_observe.rss_kib)
     ));
-    let mut settled = None;
     let deadline = Instant::now() + config.idle_settle;
-    loop {
+    let end = loop {
         controller.process.check_alive()?;
         let pending = controller
             .get("/metrics")
             .await
             .and_then(|(_, text)| metric_value(&text, "agentrun_pending_approvals"))
-            .unwrap_or(0.0);
-        if pending >= total as f64 {
-            let memory = controller.process.memory()?;
-            settled = Some((started.elapsed().as_secs_f64(), memory));
+            .map_or(0, |v| v.max(0.0) as u64);
+        let settled = pending >= total as u64;
+        if settled || Instant::now() > deadline {
+            let end = IdleEnd {
+                seconds: started.elapsed().as_secs_f64(),
+                pending,
+                memory: controller.process.memory()?,
+            };
             say(format!(
-                "settled after {:.0} s: RSS {}",
-                started.elapsed().as_secs_f64(),
-                mib(memory.rss_kib)
+                "{} after {:.0} s ({pending}/{total} requests pending): RSS {}",
+                if settled { "settled" } else { "not settled" },
+                end.seconds,
+                mib(end.memory.rss_kib)
             ));
-            break;
-        }
-        if Instant::now() > deadline {
-            say(format!(
-                "not settled after {:.0} s ({pending}/{total} requests pending)",
-                config.idle_settle.as_secs_f64()
-            ));
-            break;
+            break end;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    };
     let peak_kib = controller.process.memory()?.peak_kib;
     controller.process.stop().await;
     Ok(IdleReport {
@@ -2390,7 +2402,7 @@ async fn idle(
         at_synced,
         observe_seconds: config.idle_observe.as_secs_f64(),
         after_observe,
-        settled,
+        end,
         peak_kib,
     })
 }
@@ -2611,7 +2623,14 @@ mod tests {
                     rss_kib: 90 * 1024,
                     peak_kib: 200 * 1024,
                 },
-                settled: None,
+                end: IdleEnd {
+                    seconds: 630.0,
+                    pending: 4200,
+                    memory: Memory {
+                        rss_kib: 120 * 1024,
+                        peak_kib: 200 * 1024,
+                    },
+                },
                 peak_kib: 200 * 1024,
             }),
         };
@@ -2650,8 +2669,10 @@ mod tests {
             row("idle RSS at caches synced")[3..6],
             ["100.0 MiB", "< 150 MiB", "yes"]
         );
-        assert_eq!(row("idle RSS settled")[3], "not settled");
-        assert_eq!(row("idle RSS settled")[5], "n/a");
+        assert_eq!(
+            row("idle RSS at 630 s, not settled (4200/10000 requests pending)")[3..6],
+            ["120.0 MiB", "< 150 MiB", "yes"]
+        );
         assert_eq!(row("idle peak RSS")[5], "no (idle)");
         assert!(text.contains("N=1000: controller requests during the approval cycle (1000 approvals): get agentruns 1000, patch agentruns/status 2000, create pods 1000, write events 1000"));
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use futures::TryStreamExt;
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -144,7 +144,15 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
         watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     info!(work_dir = %config.work_dir.display(), "dev kubelet watching worker pods");
-    while let Some(event) = stream.try_next().await? {
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(event) => event,
+            // The watch resumes by itself (with backoff), e.g. across an API server restart.
+            Err(error) => {
+                warn!(%error, "pod watch failed; retrying");
+                continue;
+            }
+        };
         let (pod, deleted) = match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => (pod, false),
             watcher::Event::Delete(pod) => (pod, true),

@@ -1123,7 +1123,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: carol@exampl
         )
         .await;
     }
-    let approver = f.cp.kubectl(
+    let installed = f.cp.kubectl(
         Identity::Admin,
         &[
             "get",
@@ -1134,7 +1134,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: carol@exampl
             "name",
         ],
     );
-    assert_success(&approver, "the roles are installed");
+    assert_success(&installed, "the roles are installed");
     let _ = f.cp.kubectl(
         Identity::Admin,
         &["delete", "namespace", &edit_ns, "--wait=false"],

@@ -32,7 +32,7 @@ const ARGUMENTS: &str = r#"{"host": "web-1", "replicas": 12345678901234567890123
 
 async fn setup(prefix: &str) -> (&'static ControlPlane, TestNamespace, Client) {
     let cp = ControlPlane::shared().await;
-    cp.install_crds().await;
+    cp.install_crds_only().await;
     let ns = cp.namespace(prefix).await;
     let client = cp.client(Identity::Admin).await;
     (cp, ns, client)

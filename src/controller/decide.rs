@@ -855,7 +855,12 @@ mod tests {
         }
 
         fn pod_phase() -> impl Strategy<Value = Option<&'static str>> {
-            prop::option::of(prop::sample::select(vec!["Pending", "Running", "Succeeded", "Failed"]))
+            prop::option::of(prop::sample::select(vec![
+                "Pending",
+                "Running",
+                "Succeeded",
+                "Failed",
+            ]))
         }
 
         proptest! {

@@ -917,7 +917,18 @@ impl Io<'_> {
                 "phase": phase,
                 "decidedAt": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             }});
-            if let Some(identity) = observed.and_then(verified_identity) {
+            // The identity the stamping policy recorded; on servers without it, the approverId
+            // the validating policy checked against the authenticated user.
+            let identity = observed.and_then(verified_identity).or_else(|| {
+                observed
+                    .and_then(|r| r.spec.approver_id.clone())
+                    .map(|username| crate::crd::VerifiedIdentity {
+                        username,
+                        uid: None,
+                        groups: vec![],
+                    })
+            });
+            if let Some(identity) = identity {
                 patch["status"]["verifiedIdentity"] = json!(identity);
             }
             let request = requests

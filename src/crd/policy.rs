@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    ApplyConfiguration, MatchCondition, MatchResources, MutatingAdmissionPolicy,
+    JSONPatch, MatchCondition, MatchResources, MutatingAdmissionPolicy,
     MutatingAdmissionPolicyBinding, MutatingAdmissionPolicyBindingSpec,
     MutatingAdmissionPolicySpec, Mutation, NamedRuleWithOperations, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
@@ -239,16 +239,20 @@ fn match_resource(resource: &str, operations: &[&str]) -> MatchResources {
     }
 }
 
-/// An apply configuration setting one annotation to the CEL string `value`.
+/// A JSON patch setting one annotation to the CEL string `value`, whether or not the object has
+/// annotations. (A JSON patch rather than an apply configuration: an apply configuration first
+/// converts the object to its schema's type, so a malformed object would get a conversion error
+/// from the policy instead of the schema's clear message.)
 fn set_annotation(key: &str, value: &str) -> Mutation {
+    let pointer = key.replace('~', "~0").replace('/', "~1");
     Mutation {
-        patch_type: "ApplyConfiguration".to_owned(),
-        apply_configuration: Some(ApplyConfiguration {
+        patch_type: "JSONPatch".to_owned(),
+        apply_configuration: None,
+        json_patch: Some(JSONPatch {
             expression: Some(format!(
-                "Object{{metadata: Object.metadata{{annotations: {{'{key}': {value}}}}}}}"
+                "has(object.metadata.annotations) ? [JSONPatch{{op: 'add', path: '/metadata/annotations/{pointer}', value: {value}}}] : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{'{key}': {value}}}}}]"
             )),
         }),
-        json_patch: None,
     }
 }
 

@@ -380,12 +380,12 @@ pub fn render_table(report: &AuditReport) -> String {
 /// Runs `audit`.
 pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, PluginError> {
     let run = session.run(&args.run).await?;
-    let state = run_status::decode(&run.status.clone().unwrap_or_default()).map_err(|source| {
-        PluginError::RunState {
+    let state = run_status::load(&session.client, &run)
+        .await
+        .map_err(|source| PluginError::RunState {
             run: args.run.clone(),
             source,
-        }
-    })?;
+        })?;
     let requests = session.requests_of(&run).await?;
     let report = report(&run, state.as_ref(), &requests);
     if let Some(out) = render_report(&report, args.output, "the audit") {

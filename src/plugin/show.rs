@@ -274,12 +274,12 @@ pub fn render_text(view: &RunView) -> String {
 /// Runs `show`.
 pub async fn show(session: &Session, args: &ShowArgs) -> Result<String, PluginError> {
     let run = session.run(&args.run).await?;
-    let state = run_status::decode(&run.status.clone().unwrap_or_default()).map_err(|source| {
-        PluginError::RunState {
+    let state = run_status::load(&session.client, &run)
+        .await
+        .map_err(|source| PluginError::RunState {
             run: args.run.clone(),
             source,
-        }
-    })?;
+        })?;
     let requests = session.requests_of(&run).await?;
     let view = view(&run, state.as_ref(), &requests);
     if let Some(out) = render_report(&view, args.output, "the run") {

@@ -324,23 +324,70 @@ impl ControlPlane {
                 ],
             );
             assert_success(&out, "kubectl wait for CRDs");
-            // Established is not quite served everywhere yet (admission plugins learn new kinds a
-            // moment later): wait until a server-side dry-run create of each kind passes.
-            let probe = "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: probe, namespace: default}\nspec: {agentRef: {name: probe}, input: probe}\n---\napiVersion: agentrun.dev/v1alpha1\nkind: Agent\nmetadata: {name: probe, namespace: default}\nspec: {model: {scripted: {turns: []}}}\n";
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                let out = self.kubectl_with_stdin(
-                    Identity::Admin,
-                    &["create", "--dry-run=server", "-f", "-"],
-                    Some(probe),
-                );
-                if out.status.success() {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "CRDs not served: {}", String::from_utf8_lossy(&out.stderr));
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            self.wait_served(crds.join("admission-policies.yaml").exists());
         });
+    }
+
+    /// Installs only the CustomResourceDefinitions (not the admission policies or roles), for tests
+    /// of the schema and CEL rules on their own.
+    pub async fn install_crds_only(&self) {
+        self.crds.get_or_init(|| {
+            let crds = repo_root().join("crds");
+            for file in ["agent.yaml", "agentrun.yaml", "approvalrequest.yaml"] {
+                let path = crds.join(file);
+                let out = self.kubectl(
+                    Identity::Admin,
+                    &[
+                        "apply",
+                        "--server-side",
+                        "--force-conflicts",
+                        "-f",
+                        path.to_str().unwrap(),
+                    ],
+                );
+                assert_success(&out, "kubectl apply a CRD");
+            }
+            let out = self.kubectl(
+                Identity::Admin,
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd",
+                    "-l",
+                    "app.kubernetes.io/part-of=agentrun",
+                ],
+            );
+            assert_success(&out, "kubectl wait for CRDs");
+            self.wait_served(false);
+        });
+    }
+
+    /// Waits until the API server serves the custom resources to admission too (Established comes
+    /// a moment earlier) and, with `policies`, until the admission policies are in effect: a
+    /// server-side dry-run create shows the creator stamp overwriting a forged one.
+    fn wait_served(&self, policies: bool) {
+        let probe = "apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: probe, namespace: default, annotations: {agentrun.dev/created-by: forged}}\nspec: {agentRef: {name: probe}, input: probe}\n";
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.kubectl_with_stdin(
+                Identity::Admin,
+                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+                Some(probe),
+            );
+            let stamped = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .map(|v| v["metadata"]["annotations"]["agentrun.dev/created-by"] == "admin")
+                .unwrap_or(false);
+            if out.status.success() && (stamped || !policies) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CRDs and policies not in effect: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Mints a token for a service account with the TokenRequest API.
@@ -360,6 +407,18 @@ impl ControlPlane {
             .await
             .expect("token request");
         response.status.and_then(|s| s.token).expect("token status")
+    }
+
+    /// Stops kube-apiserver and starts it again with the same flags (etcd keeps the data); returns
+    /// once it is ready.
+    pub fn restart_apiserver(&self) {
+        let out = Command::new(repo_root().join("scripts/local-cluster"))
+            .arg("restart-apiserver")
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run scripts/local-cluster restart-apiserver");
+        assert_success(&out, "restart kube-apiserver");
     }
 
     /// Reads the API server's audit log as JSON events.

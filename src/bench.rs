@@ -692,6 +692,9 @@ pub struct BenchReport {
     pub idle: Option<IdleReport>,
 }
 
+/// Whether a cycle meets a goal (`None`: not measured).
+type GoalCheck = dyn Fn(&CycleReport) -> Option<bool>;
+
 fn ms(value: f64) -> String {
     if value >= 100.0 {
         format!("{value:.0} ms")
@@ -749,30 +752,29 @@ impl BenchReport {
         let mut table = Table::new(header);
         let dash = || "-".to_owned();
         let has_idle = self.idle.is_some();
-        let cycle_row =
-            |table: &mut Table,
-             name: &str,
-             cell: &dyn Fn(&CycleReport) -> String,
-             goal: &str,
-             check: Option<&dyn Fn(&CycleReport) -> Option<bool>>| {
-                let mut row = vec![name.to_owned()];
-                row.extend(self.cycles.iter().map(cell));
-                if has_idle {
-                    row.push(dash());
-                }
-                row.push(goal.to_owned());
-                row.push(match check {
-                    Some(check) => verdict(
-                        &self
-                            .cycles
-                            .iter()
-                            .map(|c| (format!("N={}", c.runs), check(c)))
-                            .collect::<Vec<_>>(),
-                    ),
-                    None => String::new(),
-                });
-                table.row(row);
-            };
+        let cycle_row = |table: &mut Table,
+                         name: &str,
+                         cell: &dyn Fn(&CycleReport) -> String,
+                         goal: &str,
+                         check: Option<&GoalCheck>| {
+            let mut row = vec![name.to_owned()];
+            row.extend(self.cycles.iter().map(cell));
+            if has_idle {
+                row.push(dash());
+            }
+            row.push(goal.to_owned());
+            row.push(match check {
+                Some(check) => verdict(
+                    &self
+                        .cycles
+                        .iter()
+                        .map(|c| (format!("N={}", c.runs), check(c)))
+                        .collect::<Vec<_>>(),
+                ),
+                None => String::new(),
+            });
+            table.row(row);
+        };
         let pct = |p: Option<Percentiles>, f: fn(&Percentiles) -> f64| {
             p.as_ref().map_or_else(|| "n/a".into(), |p| ms(f(p)))
         };
@@ -823,8 +825,7 @@ impl BenchReport {
             };
             let goal = move |c: &CycleReport| ratio_of(c).map(|r| r <= GOAL_P99_RATIO);
             let is_p99 = name == "p99";
-            let check: Option<&dyn Fn(&CycleReport) -> Option<bool>> =
-                if is_p99 { Some(&goal) } else { None };
+            let check: Option<&GoalCheck> = if is_p99 { Some(&goal) } else { None };
             cycle_row(
                 &mut table,
                 &format!("ratio ours/baseline {name}"),

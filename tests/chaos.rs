@@ -39,9 +39,12 @@ async fn controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> 
         ..Default::default()
     };
     tokio::spawn(async move {
-        // Errors (e.g. while the API server restarts) end this controller; the chaos loop starts
-        // another, as a Deployment would.
-        let _ = controller::run(client, config).await;
+        // A controller that exits (e.g. it started while the API server was down) is started
+        // again after a second, as the kubelet restarts a crashed container.
+        loop {
+            let _ = controller::run(client.clone(), config.clone()).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     })
 }
 

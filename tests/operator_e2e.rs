@@ -909,3 +909,194 @@ async fn a_run_whose_history_grows_to_5_mib_finishes() {
     );
     assert_eq!(tools.calls_with_key("call_d"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_request_expires_and_the_model_is_told_approval_timed_out() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-expiry").await;
+    let _operator = start_operator(cp, &ns).await;
+    let model = ModelServer::start().await;
+    let tools = ToolServer::start().await;
+    model.push(Reply::tool_calls(&[(
+        "call_1",
+        "delete_user",
+        json!({"user_id": "u-1"}),
+    )]));
+    model.push(Reply::text("Nobody approved; nothing was deleted."));
+    let mut agent: serde_json::Value =
+        serde_json::from_str(&agent_yaml(&ns.name, "ops", openai_model(&model), &tools)).unwrap();
+    agent["spec"]["tools"][0]["approvalTimeout"] = json!("2s");
+    apply(cp, Identity::Admin, &agent.to_string());
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    assert!(tools.requests().is_empty(), "nothing auto-approves");
+    let last = model.requests().last().unwrap().json().to_string();
+    assert!(last.contains("approval timed out"), "{last}");
+    let state = state_of(&done);
+    assert_eq!(
+        state.approval_metadata["call_1"].reason.as_deref(),
+        Some("expired")
+    );
+    assert_eq!(
+        state.rejected_tools[0].message.as_deref(),
+        Some(controller::EXPIRED_MESSAGE)
+    );
+    let request = &requests_of(cp, &ns.name, "r1").await[0];
+    assert_eq!(
+        request.status.as_ref().unwrap().phase,
+        Some(agentrun::crd::ApprovalPhase::Expired)
+    );
+    // The policy and the CRD refuse a late decision on an expired request.
+    let out = cp.kubectl(
+        Identity::Alice,
+        &[
+            "patch",
+            "apr",
+            request.metadata.name.as_deref().unwrap(),
+            "-n",
+            &ns.name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"decision":"Approved","approverId":"alice@example.com","reason":"late"}}"#,
+        ],
+    );
+    assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_cannot_write_another_runs_status() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-worker-rbac").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted.clone(), &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "other", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r2", "ops", "Delete u-1"),
+    );
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    wait_for_phase(cp, &ns.name, "r2", AgentRunPhase::AwaitingApproval).await;
+
+    let token = cp.service_account_token(&ns.name, "r1-worker").await;
+    let worker = cp.client_with_token(&token).await;
+    let runs: Api<AgentRun> = Api::namespaced(worker.clone(), &ns.name);
+    let forbidden =
+        |r: Result<AgentRun, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+    let patch = Patch::Merge(json!({"status": {"finalOutput": "forged"}}));
+    assert!(
+        forbidden(
+            runs.patch_status("r2", &PatchParams::default(), &patch)
+                .await
+        ),
+        "another run's status"
+    );
+    assert!(forbidden(runs.get("r2").await), "another run");
+    assert!(
+        forbidden(
+            runs.patch(
+                "r1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"input": "x"}}))
+            )
+            .await
+        ),
+        "its own spec"
+    );
+    runs.get("r1").await.expect("its own run");
+    runs.get_status("r1").await.expect("its own status");
+    let agents: Api<agentrun::crd::Agent> = Api::namespaced(worker.clone(), &ns.name);
+    agents.get("ops").await.expect("its own Agent");
+    assert!(matches!(agents.get("other").await, Err(kube::Error::Api(s)) if s.code == 403));
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(worker, &ns.name);
+    assert!(
+        matches!(secrets.list(&ListParams::default()).await, Err(kube::Error::Api(s)) if s.code == 403)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_requests_stay_as_long_as_their_run_and_go_with_it() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-keep").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    // Deleting the decision record alone does not remove it while its run exists.
+    assert_success(
+        &cp.kubectl(
+            Identity::Admin,
+            &["delete", "apr", &name, "-n", &ns.name, "--wait=false"],
+        ),
+        "delete apr",
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = requests_of(cp, &ns.name, "r1").await;
+    assert_eq!(kept.len(), 1, "the finalizer keeps the ApprovalRequest");
+    assert!(kept[0].metadata.deletion_timestamp.is_some());
+    // Deleting the run releases it; the garbage collector removes it with the run.
+    assert_success(
+        &cp.kubectl(
+            Identity::Admin,
+            &[
+                "delete",
+                "agentrun",
+                "r1",
+                "-n",
+                &ns.name,
+                "--wait=true",
+                "--timeout=60s",
+            ],
+        ),
+        "delete run",
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !requests_of(cp, &ns.name, "r1").await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ApprovalRequest outlived its run"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

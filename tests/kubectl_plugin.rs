@@ -8,68 +8,17 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use agentrun::controller::{self, ControllerConfig, decide::Policy};
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
-use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
 use kube::api::{Api, ListParams};
-use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
+use support::operator::Operator;
 use support::tool_server::ToolServer;
 
-/// The controller and dev kubelet of one test, scoped to its namespace; stopped on drop.
-struct Operator {
-    controller: tokio::task::JoinHandle<()>,
-    kubelet: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.controller.abort();
-        self.kubelet.abort();
-    }
-}
-
-fn policy() -> Policy {
-    Policy {
-        max_retries: 2,
-        retry_backoff: Duration::from_millis(200),
-        recheck: Duration::from_secs(2),
-    }
-}
-
-async fn start_controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> {
-    let client = cp.client(Identity::Admin).await;
-    let config = ControllerConfig {
-        namespace: Some(ns.to_owned()),
-        policy: policy(),
-        ..Default::default()
-    };
-    tokio::spawn(async move {
-        controller::run(client, config).await.expect("controller");
-    })
-}
-
 async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    cp.install_crds().await;
+    let operator = support::operator::start_operator(cp, ns).await;
     grant_roles(cp, &ns.name);
-    let controller = start_controller(cp, &ns.name).await;
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).unwrap();
-    let config = DevKubeletConfig {
-        agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),
-        namespace: Some(ns.name.clone()),
-        work_dir: std::env::temp_dir().join(format!("agentrun-plugin-{}", ns.name)),
-        cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
-    };
-    let client = cp.client(Identity::Admin).await;
-    let kubelet = tokio::spawn(async move {
-        dev_kubelet::run(client, config).await.expect("dev kubelet");
-    });
-    Operator {
-        controller,
-        kubelet,
-    }
+    operator
 }
 
 /// alice, bob and the GitOps identity may read runs and read and decide ApprovalRequests in the

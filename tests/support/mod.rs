@@ -2,4 +2,5 @@
 #![allow(dead_code)]
 pub mod cluster;
 pub mod model_server;
+pub mod operator;
 pub mod tool_server;

@@ -56,7 +56,7 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
     let ns = cp.namespace("chaos").await;
     let n = runs_wanted();
     let started = tokio::time::Instant::now();
-    let deadline = started + Duration::from_secs(480);
+    let deadline = started + Duration::from_secs(720);
 
     let grant = format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: approvers, namespace: {}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: agentrun-approver}}\nsubjects: [{{kind: Group, name: \"agentrun:approvers\"}}]\n",

@@ -1956,6 +1956,8 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             }
         }
     }
+    // The work folder is empty once every phase succeeded.
+    let _ = std::fs::remove_dir(&config.work_dir);
     Ok(report)
 }
 

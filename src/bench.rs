@@ -363,6 +363,15 @@ impl RequestCounts {
             .map(|(_, n)| n)
             .sum()
     }
+
+    /// Writes that finish a run (see [`COMPLETION`]).
+    pub fn completion_writes(&self) -> u64 {
+        self.by_kind
+            .iter()
+            .filter(|(k, _)| k.ends_with(COMPLETION))
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -373,6 +382,30 @@ struct AuditEvent {
     user: AuditUser,
     #[serde(rename = "objectRef", default)]
     object_ref: Option<AuditObject>,
+    #[serde(rename = "requestObject", default)]
+    request_object: Option<AuditRequestObject>,
+}
+
+/// The part of a status patch that says whether it finishes a run.
+#[derive(serde::Deserialize)]
+struct AuditRequestObject {
+    #[serde(default)]
+    status: Option<AuditRequestStatus>,
+}
+
+#[derive(serde::Deserialize)]
+struct AuditRequestStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+/// The suffix of the request kind of a run status write that finishes the run (its phase becomes
+/// Succeeded or Failed): the run's completion, not part of its approval cycle.
+pub const COMPLETION: &str = " (completion)";
+
+/// Whether an Event reason marks a run's completion.
+pub fn is_completion_reason(reason: &str) -> bool {
+    matches!(reason, "Succeeded" | "Failed")
 }
 
 #[derive(serde::Deserialize)]
@@ -414,13 +447,22 @@ pub fn count_audit_requests<R: BufRead>(
         if event.user.username != username || !seen.insert(event.audit_id) {
             continue;
         }
-        let resource = match &event.object_ref {
+        let mut resource = match &event.object_ref {
             Some(o) => match &o.subresource {
                 Some(sub) if !sub.is_empty() => format!("{}/{sub}", o.resource),
                 _ => o.resource.clone(),
             },
             None => "(none)".to_owned(),
         };
+        let finishes = event
+            .request_object
+            .as_ref()
+            .and_then(|o| o.status.as_ref())
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(is_completion_reason);
+        if resource == "agentruns/status" && is_write(&event.verb) && finishes {
+            resource.push_str(COMPLETION);
+        }
         counts.add(&event.verb, &resource, 1);
     }
     Ok(counts)
@@ -429,9 +471,19 @@ pub fn count_audit_requests<R: BufRead>(
 /// The API writes behind each Event a controller published: 1 for the create, plus one patch
 /// per repeat (`series.count` counts every occurrence), by Event name.
 pub fn event_writes(events: &[KubeEvent], reporter: &str) -> BTreeMap<String, u64> {
+    event_writes_where(events, reporter, |_| true)
+}
+
+/// [`event_writes`] of the Events whose reason passes `keep`.
+pub fn event_writes_where(
+    events: &[KubeEvent],
+    reporter: &str,
+    keep: impl Fn(&str) -> bool,
+) -> BTreeMap<String, u64> {
     events
         .iter()
         .filter(|e| e.reporting_controller.as_deref() == Some(reporter))
+        .filter(|e| keep(e.reason.as_deref().unwrap_or_default()))
         .map(|e| {
             let writes = e
                 .series
@@ -621,6 +673,8 @@ pub struct CycleReport {
     pub pod_creates: u64,
     /// Event writes of the controller during the cycle.
     pub event_writes: u64,
+    /// Of those, the Events of runs finishing (`Succeeded`, `Failed`).
+    pub completion_event_writes: u64,
     /// Tool calls the loopback tool server received during the cycle.
     pub tool_calls: u64,
     /// The controller's memory at the end of the cycle.
@@ -638,10 +692,27 @@ impl CycleReport {
         (self.approved > 0).then(|| n as f64 / self.approved as f64)
     }
 
-    /// Every API write of the controller per approval cycle (status patches, Pod creates,
-    /// Events).
-    pub fn writes_per_cycle(&self) -> Option<f64> {
+    /// Every API write of the controller per approved run, from the approval to the run's end
+    /// (status patches, Pod creates, Events).
+    pub fn writes_per_run(&self) -> Option<f64> {
         self.per_cycle(self.requests.writes() + self.pod_creates + self.event_writes)
+    }
+
+    /// The writes that finish a run (its final status and Event), per approved run.
+    pub fn completion_writes_per_run(&self) -> Option<f64> {
+        self.per_cycle(self.requests.completion_writes() + self.completion_event_writes)
+    }
+
+    /// The API writes of the controller per approval cycle: from the decision to the resumed
+    /// worker Pod (the request's resolution, the run's new state, the Pod, the decision's Event),
+    /// that is every write but those that finish the run.
+    pub fn writes_per_cycle(&self) -> Option<f64> {
+        self.per_cycle(
+            self.requests.writes() - self.requests.completion_writes()
+                + self.pod_creates
+                + self.event_writes
+                - self.completion_event_writes,
+        )
     }
 
     /// Every API request of the controller per approval cycle (reads and writes).
@@ -878,11 +949,25 @@ impl BenchReport {
                 let per = |n: u64| opt(c.per_cycle(n), "");
                 format!(
                     "{} / {} / {}",
-                    per(c.requests.writes()),
+                    per(c.requests.writes() - c.requests.completion_writes()),
                     per(c.pod_creates),
-                    per(c.event_writes)
+                    per(c.event_writes - c.completion_event_writes)
                 )
             },
+            "",
+            None,
+        );
+        cycle_row(
+            &mut table,
+            "controller API writes finishing a run (status + Event)",
+            &|c| opt(c.completion_writes_per_run(), ""),
+            "",
+            None,
+        );
+        cycle_row(
+            &mut table,
+            "controller API writes per approved run, in all",
+            &|c| opt(c.writes_per_run(), ""),
             "",
             None,
         );
@@ -1862,16 +1947,13 @@ async fn latencies(
     (values, early)
 }
 
-async fn controller_events(
-    cluster: &Cluster,
-    ns: &str,
-) -> Result<BTreeMap<String, u64>, BenchError> {
+async fn controller_events(cluster: &Cluster, ns: &str) -> Result<Vec<KubeEvent>, BenchError> {
     let events: Api<KubeEvent> = Api::namespaced(cluster.admin.clone(), ns);
     let list = events
         .list(&ListParams::default())
         .await
         .map_err(kube_error("listing Events"))?;
-    Ok(event_writes(&list.items, EVENT_REPORTER))
+    Ok(list.items)
 }
 
 fn audit_size(path: &Path) -> Result<u64, BenchError> {
@@ -2254,7 +2336,14 @@ async fn cycle(
         complete_seconds,
         requests,
         pod_creates,
-        event_writes: event_writes_between(&events_before, &events_after),
+        event_writes: event_writes_between(
+            &event_writes(&events_before, EVENT_REPORTER),
+            &event_writes(&events_after, EVENT_REPORTER),
+        ),
+        completion_event_writes: event_writes_between(
+            &event_writes_where(&events_before, EVENT_REPORTER, is_completion_reason),
+            &event_writes_where(&events_after, EVENT_REPORTER, is_completion_reason),
+        ),
         tool_calls,
         controller_memory,
     };
@@ -2456,6 +2545,29 @@ mod tests {
         );
         assert_eq!(metric_value(metrics, "agentrun_runs"), None);
         assert_eq!(metric_value(metrics, "missing"), None);
+    }
+
+    #[test]
+    fn audit_tells_the_writes_that_finish_a_run_apart() {
+        let me = "system:serviceaccount:bench-1:agentrun-controller";
+        let patch = |id: &str, phase: &str| {
+            json!({"auditID": id, "stage": "ResponseComplete", "verb": "patch",
+                   "user": {"username": me},
+                   "objectRef": {"resource": "agentruns", "subresource": "status"},
+                   "requestObject": {"status": {"phase": phase, "step": 1}}})
+            .to_string()
+        };
+        let log = [
+            patch("a", "Running"),
+            patch("b", "Succeeded"),
+            patch("c", "Failed"),
+        ]
+        .join("\n");
+        let counts = count_audit_requests(log.as_bytes(), me).unwrap();
+        assert_eq!(counts.writes(), 3);
+        assert_eq!(counts.completion_writes(), 2);
+        assert_eq!(counts.by_kind["patch agentruns/status"], 1);
+        assert!(is_completion_reason("Succeeded") && !is_completion_reason("Approved"));
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct ControllerArgs {
     /// Seconds before the first retry of a failed worker (doubled for each further retry).
     #[arg(long, default_value_t = 5.0)]
     pub retry_backoff_seconds: f64,
+    /// How many runs are reconciled at once.
+    #[arg(long, env = "AGENTRUN_CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -140,6 +143,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                 ..Default::default()
             },
             metrics_addr: args.metrics_addr,
+            concurrency: Some(args.concurrency),
             leader_election: args
                 .leader_elect
                 .then(|| crate::controller::LeaderElection {

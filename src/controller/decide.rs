@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::crd::{AgentRun, AgentRunPhase, ApprovalRequest, Decision, approval_request_name};
+use crate::crd::{
+    AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Decision, approval_request_name,
+};
 use crate::state::{DeferredToolCall, RunState, pyjson};
 
 /// Settings of the decision step.
@@ -176,10 +178,15 @@ pub enum Action {
 
 /// Whether [`decide`] needs the full RunState for this observation (so the caller reads it only
 /// then: the cache does not hold states).
-pub fn needs_state(run: &AgentRun, pods: &[Pod]) -> bool {
+pub fn needs_state(
+    run: &AgentRun,
+    pods: &[Pod],
+    requests: &[ApprovalRequest],
+    now: DateTime<Utc>,
+) -> bool {
     let status = run.status.clone().unwrap_or_default();
     match status.phase {
-        Some(AgentRunPhase::AwaitingApproval) => true,
+        Some(AgentRunPhase::AwaitingApproval) => awaiting_needs_state(run, requests, now),
         Some(AgentRunPhase::Running) => {
             let step = status.step.unwrap_or(0);
             let attempt = status.retries.unwrap_or(0);
@@ -190,6 +197,90 @@ pub fn needs_state(run: &AgentRun, pods: &[Pod]) -> bool {
         }
         _ => false,
     }
+}
+
+/// A waiting run's state is read only when the cached requests say something can change: a
+/// request is missing, decided, expired, or visibly does not belong to this run and step. While
+/// every request waits for a person, the RunState (which can be large) stays on the API server.
+fn awaiting_needs_state(run: &AgentRun, requests: &[ApprovalRequest], now: DateTime<Utc>) -> bool {
+    let status = run.status.clone().unwrap_or_default();
+    let Some(pending) = status.pending_approvals.filter(|&p| p > 0) else {
+        return true;
+    };
+    let uid = run.uid().unwrap_or_default();
+    let open = open_requests(run, requests);
+    if open.len() < pending as usize {
+        return true;
+    }
+    open.iter().any(|r| {
+        r.spec.decision.is_some()
+            || r.spec.agent_run_ref.uid != uid
+            || !r.spec.digest_matches()
+            || expires_at(r).is_some_and(|at| at <= now)
+    })
+}
+
+/// The run's requests of its current step that nobody has resolved yet.
+fn open_requests<'a>(run: &AgentRun, requests: &'a [ApprovalRequest]) -> Vec<&'a ApprovalRequest> {
+    let step = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
+    requests
+        .iter()
+        .filter(|r| r.spec.step == step)
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == ApprovalPhase::Pending)
+        })
+        .collect()
+}
+
+fn expires_at(request: &ApprovalRequest) -> Option<DateTime<Utc>> {
+    request
+        .status
+        .as_ref()
+        .and_then(|s| s.expires_at.as_ref())
+        .map(|t| to_chrono(&t.0))
+}
+
+/// A waiting run whose state was not read (nothing to decide yet): look again when the first
+/// open request expires, otherwise wait for a change.
+fn recheck_at_next_expiry(observed: &Observed<'_>, policy: &Policy) -> Action {
+    let next = open_requests(observed.run, observed.requests)
+        .into_iter()
+        .filter_map(expires_at)
+        .min();
+    match next {
+        Some(at) => Action::Recheck(
+            (at - observed.now)
+                .to_std()
+                .unwrap_or(policy.recheck)
+                .max(Duration::from_millis(200)),
+        ),
+        None => Action::Wait,
+    }
+}
+
+/// The requests of earlier steps of this run that a person decided but whose status still says
+/// Pending: the resume that applied them stopped before recording them (its run patch, the proof
+/// that the decision was applied, came first).
+pub fn unrecorded_decisions<'a>(
+    run: &AgentRun,
+    requests: &'a [ApprovalRequest],
+) -> Vec<&'a ApprovalRequest> {
+    let step = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
+    let uid = run.uid().unwrap_or_default();
+    requests
+        .iter()
+        .filter(|r| r.spec.step < step && r.spec.agent_run_ref.uid == uid)
+        .filter(|r| r.spec.decision.is_some())
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == ApprovalPhase::Pending)
+        })
+        .collect()
 }
 
 /// The worker Pod name of a step's attempt: `<run>-step-<n>`, then `-r<k>` for retries.
@@ -314,7 +405,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
             }
         }
         Some(AgentRunPhase::AwaitingApproval) => match &observed.state {
-            None => Action::Wait,
+            None => recheck_at_next_expiry(observed, policy),
             Some(Err(why)) => Action::Fail {
                 reason: "InvalidRunState",
                 message: why.clone(),
@@ -431,21 +522,14 @@ fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Actio
                 reason: spec.reason.clone(),
                 message: spec.message.clone(),
             },
-            (None, None) => {
-                let expires_at = request
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.expires_at.as_ref())
-                    .map(|t| to_chrono(&t.0));
-                match expires_at {
-                    Some(at) if at <= observed.now => ResolvedKind::Expired,
-                    Some(at) => {
-                        next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
-                        continue;
-                    }
-                    None => continue,
+            (None, None) => match expires_at(request) {
+                Some(at) if at <= observed.now => ResolvedKind::Expired,
+                Some(at) => {
+                    next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
+                    continue;
                 }
-            }
+                None => continue,
+            },
         };
         decisions.push(ResolvedDecision {
             request: name,
@@ -677,6 +761,84 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_run_reads_its_state_only_when_a_decision_can_be_applied() {
+        let halted = halted_state();
+        let mut r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        r.status.as_mut().unwrap().pending_approvals = Some(1);
+        let now = Utc::now();
+        // No request yet: the state says which to create.
+        assert!(needs_state(&r, &[], &[], now));
+        // An undecided request: nothing to do, no read.
+        let open = [request(&halted, None)];
+        assert!(!needs_state(&r, &[], &open, now));
+        assert_eq!(
+            decide(&observe(&r, &[], &open, None), &Policy::default()),
+            Action::Wait
+        );
+        // A decision arrived: read it.
+        let decided = [request(&halted, Some(Decision::Approved))];
+        assert!(needs_state(&r, &[], &decided, now));
+        // An expiry ahead: look again then, without reading; once due, read.
+        let mut expiring = request(&halted, None);
+        expiring.status.as_mut().unwrap().expires_at =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(
+                    (now + chrono::Duration::seconds(60)).timestamp(),
+                )
+                .unwrap(),
+            ));
+        let expiring = [expiring];
+        assert!(!needs_state(&r, &[], &expiring, now));
+        assert!(matches!(
+            decide(&observe(&r, &[], &expiring, None), &Policy::default()),
+            Action::Recheck(d) if d > Duration::from_secs(50)
+        ));
+        assert!(needs_state(
+            &r,
+            &[],
+            &expiring,
+            now + chrono::Duration::seconds(61)
+        ));
+        // A request of another run, another step or with a forged digest: read and supersede.
+        let mut other_uid = request(&halted, None);
+        other_uid.spec.agent_run_ref.uid = "uid-2".into();
+        assert!(needs_state(&r, &[], &[other_uid], now));
+        let mut other_step = request(&halted, None);
+        other_step.spec.step = 3;
+        assert!(needs_state(&r, &[], &[other_step], now));
+        let mut forged = request(&halted, None);
+        forged.spec.arguments = r#"{"user_id": "u-2"}"#.into();
+        assert!(needs_state(&r, &[], &[forged], now));
+        // Already resolved by an earlier attempt (the run patch then failed): read and resume.
+        let mut resolved = request(&halted, Some(Decision::Approved));
+        resolved.status.as_mut().unwrap().phase = Some(ApprovalPhase::Approved);
+        assert!(needs_state(&r, &[], &[resolved], now));
+        // A waiting run that claims no pending call is inconsistent: read it to fail it.
+        r.status.as_mut().unwrap().pending_approvals = Some(0);
+        assert!(needs_state(&r, &[], &open, now));
+    }
+
+    #[test]
+    fn decisions_applied_but_not_recorded_are_found() {
+        let halted = halted_state();
+        let mut r = run(Some(AgentRunPhase::Running), 1, 0);
+        let decided = request(&halted, Some(Decision::Approved));
+        assert_eq!(
+            unrecorded_decisions(&r, std::slice::from_ref(&decided)).len(),
+            1
+        );
+        let mut recorded = decided.clone();
+        recorded.status.as_mut().unwrap().phase = Some(ApprovalPhase::Approved);
+        let undecided = request(&halted, None);
+        let mut other_run = decided.clone();
+        other_run.spec.agent_run_ref.uid = "uid-2".into();
+        assert!(unrecorded_decisions(&r, &[recorded, undecided, other_run]).is_empty());
+        // The current step's decisions are the resume's to apply, not a repair's.
+        r.status.as_mut().unwrap().step = Some(0);
+        assert!(unrecorded_decisions(&r, &[decided]).is_empty());
+    }
+
+    #[test]
     fn backoff_waits_before_the_retry() {
         let r = run(Some(AgentRunPhase::Running), 0, 0);
         let failed = [pod("r1-step-0", "Failed", Some((1, "boom")))];
@@ -688,7 +850,7 @@ mod tests {
     fn a_finished_step_reads_the_state() {
         let r = run(Some(AgentRunPhase::Running), 0, 0);
         let done = [pod("r1-step-0", "Succeeded", None)];
-        assert!(needs_state(&r, &done));
+        assert!(needs_state(&r, &done, &[], Utc::now()));
         assert_eq!(
             decide(&observe(&r, &done, &[], None), &Policy::default()),
             Action::Wait

@@ -149,7 +149,20 @@ pub struct ControllerConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Leader election (none when `None`: this replica always reconciles).
     pub leader_election: Option<LeaderElection>,
+    /// How many runs are reconciled at once ([`DEFAULT_CONCURRENCY`] when `None`). Bounding it
+    /// bounds the controller's memory and its share of the API server under a burst.
+    pub concurrency: Option<u16>,
 }
+
+/// How many runs are reconciled at once unless configured.
+pub const DEFAULT_CONCURRENCY: u16 = 16;
+
+/// The runs' cache lists this many at a time, so that the initial list of many large runs never
+/// sits in memory at once (each run is stripped of its state as it arrives).
+const RUN_LIST_PAGE_SIZE: u32 = 100;
+
+/// One bit per cache the controller waits for: runs, Pods, ApprovalRequests, Agents.
+const ALL_CACHES: u8 = 0b1111;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -163,6 +176,9 @@ pub struct Context {
     pub metrics: Arc<metrics::Metrics>,
     pods: Store<Pod>,
     requests: Store<ApprovalRequest>,
+    agents: Store<Agent>,
+    synced: Arc<std::sync::atomic::AtomicU8>,
+    recorded: RecentlyRecorded,
 }
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
@@ -258,13 +274,18 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
     let pods: Api<Pod> = scoped(&client, &config.namespace);
     let requests: Api<ApprovalRequest> = scoped(&client, &config.namespace);
 
+    let agents: Api<Agent> = scoped(&client, &config.namespace);
+
     let (run_reader, run_writer) = reflector::store();
-    let run_stream = watcher(runs, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .modify(strip_run)
-        .reflect(run_writer)
-        .inspect_ok(synced(&probe, 0b001))
-        .touched_objects();
+    let run_stream = watcher(
+        runs,
+        watcher::Config::default().page_size(RUN_LIST_PAGE_SIZE),
+    )
+    .default_backoff()
+    .modify(strip_run)
+    .reflect(run_writer)
+    .inspect_ok(synced(&probe, 0b001))
+    .touched_objects();
     let (pod_reader, pod_writer) = reflector::store();
     let pod_stream = watcher(
         pods,
@@ -283,6 +304,32 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         .inspect_ok(synced(&probe, 0b100))
         .touched_objects();
 
+    let (agent_reader, agent_writer) = reflector::store();
+    let agent_stream = watcher(agents, watcher::Config::default())
+        .default_backoff()
+        .modify(|a: &mut Agent| a.managed_fields_mut().clear())
+        .reflect(agent_writer)
+        .inspect_ok(synced(&probe, 0b1000))
+        .touched_objects();
+    // A run that waits for its Agent is looked at again as soon as the Agent appears.
+    let waiting_for_agent = run_reader.clone();
+    let agent_mapper = move |agent: Agent| {
+        let ns = agent.namespace();
+        let name = agent.name_any();
+        waiting_for_agent
+            .state()
+            .into_iter()
+            .filter(|run| run.namespace() == ns && run.spec.agent_ref.name == name)
+            .filter(|run| {
+                run.status
+                    .as_ref()
+                    .and_then(|s| crate::crd::find_condition(&s.conditions, READY))
+                    .is_some_and(|c| c.reason == "AgentNotFound")
+            })
+            .map(|run| reflector::ObjectRef::from_obj(&*run))
+            .collect::<Vec<_>>()
+    };
+
     let _ = probe
         .caches
         .set((run_reader.clone(), request_reader.clone()));
@@ -298,11 +345,18 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         metrics: probe.metrics.clone(),
         pods: pod_reader,
         requests: request_reader,
+        agents: agent_reader,
+        synced: probe.synced.clone(),
+        recorded: RecentlyRecorded::default(),
     });
+    let controller_config = kube::runtime::controller::Config::default()
+        .concurrency(context.config.concurrency.unwrap_or(DEFAULT_CONCURRENCY));
     info!("agentrun controller started");
     Controller::for_stream(run_stream, run_reader)
         .owns_stream(pod_stream)
         .owns_stream(request_stream)
+        .watches_stream(agent_stream, agent_mapper)
+        .with_config(controller_config)
         .shutdown_on_signal()
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -322,7 +376,7 @@ fn synced<K>(probe: &metrics::Probe, bit: u8) -> impl Fn(&watcher::Event<K>) + u
     move |event| {
         if matches!(event, watcher::Event::InitDone) {
             let all = mask.fetch_or(bit, std::sync::atomic::Ordering::Relaxed) | bit;
-            if all == 0b111 && !ready.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if all == ALL_CACHES && !ready.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 info!("caches synced");
             }
         }
@@ -370,6 +424,10 @@ pub fn error_policy(run: Arc<AgentRun>, error: &ReconcileError, _: Arc<Context>)
 /// Reconciles one run.
 pub async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, ReconcileError> {
     let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    if ctx.synced.load(std::sync::atomic::Ordering::Relaxed) != ALL_CACHES {
+        // Deciding on a partial view could, e.g., call an existing Agent missing.
+        return Ok(Requeue::requeue(Duration::from_millis(500)));
+    }
     let span = info_span!("reconcile", run = %run.name_any(), namespace = %ns);
     let started = std::time::Instant::now();
     let result = async {
@@ -418,10 +476,12 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
     {
         return Ok(Requeue::await_change());
     }
-    let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
-    let agent = agents.get_opt(&run.spec.agent_ref.name).await?;
+    let agent = ctx
+        .agents
+        .get(&reflector::ObjectRef::new(&run.spec.agent_ref.name).within(&ns));
     let pods = of_run(&run, ctx.pods.state());
     let requests = of_run(&run, ctx.requests.state());
+    let now = Utc::now();
     let timeouts: std::collections::BTreeMap<String, Duration> = agent
         .iter()
         .flat_map(|a| a.spec.tools.iter())
@@ -433,7 +493,7 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
 
     let mut full: Option<AgentRun> = None;
     let mut state = None;
-    if decide::needs_state(&run, &pods) {
+    if decide::needs_state(&run, &pods, &requests, now) {
         let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
         let fresh = api.get(&run.name_any()).await?;
         state = Some(match run_status::load(&ctx.client, &fresh).await {
@@ -453,8 +513,9 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
         pods: &pods,
         requests: &requests,
         state: state.as_ref().map(|s| s.as_ref().map_err(Clone::clone)),
-        now: Utc::now(),
+        now,
     };
+    record_decisions(ctx, observed_run, &ns, &requests).await?;
     if report_unknown_outcomes(ctx, observed_run, &ns).await? {
         // Later status patches start from the cached conditions: act once the cache has it.
         return Ok(Requeue::await_change());
@@ -489,7 +550,7 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
             io.start_step(&agent, step, attempt).await
         }
         Action::CreatePod { step, attempt } => {
-            io.create_pod(step, attempt).await?;
+            io.create_pod(step, attempt, true).await?;
             Ok(Requeue::await_change())
         }
         Action::RequestApprovals { create, pending } => io.request_approvals(create, pending).await,
@@ -541,9 +602,11 @@ impl Io<'_> {
         }
     }
 
-    async fn event_on_request(
+    /// An Event about the run that concerns one of its ApprovalRequests (its `related` object), so
+    /// that `kubectl describe agentrun` tells the whole story, one Event per decision.
+    async fn event_about(
         &self,
-        request: &ApprovalRequest,
+        related: k8s_openapi::api::core::v1::ObjectReference,
         type_: EventType,
         reason: &str,
         note: String,
@@ -553,12 +616,12 @@ impl Io<'_> {
             reason: reason.into(),
             note: Some(truncate(&note, 1000)),
             action: reason.into(),
-            secondary: Some(self.run.object_ref(&())),
+            secondary: Some(related),
         };
         if let Err(error) = self
             .ctx
             .recorder
-            .publish(&event, &request.object_ref(&()))
+            .publish(&event, &self.run.object_ref(&()))
             .await
         {
             warn!(%error, reason, "could not publish an Event");
@@ -708,11 +771,18 @@ impl Io<'_> {
             patch["status"]["createdBy"] = json!(creator);
         }
         self.patch_status(patch, true).await?;
-        self.create_pod(step, attempt).await?;
+        self.create_pod(step, attempt, true).await?;
         Ok(Requeue::await_change())
     }
 
-    async fn create_pod(&self, step: u32, attempt: u32) -> Result<(), ReconcileError> {
+    /// Creates the worker Pod of a step's attempt; `announce` publishes a `WorkerStarted` Event
+    /// (a resume is announced by its decisions' Events instead).
+    async fn create_pod(
+        &self,
+        step: u32,
+        attempt: u32,
+        announce: bool,
+    ) -> Result<(), ReconcileError> {
         let pod = worker_pod::worker_pod(self.run, step, attempt, &self.ctx.config.worker);
         let name = pod.name_any();
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.ns);
@@ -728,7 +798,9 @@ impl Io<'_> {
                     format!("Started worker Pod {name} for step {step} (retry {attempt})")
                 };
                 info!(pod = %name, step, attempt, "worker pod created");
-                self.event(EventType::Normal, "WorkerStarted", what).await;
+                if announce {
+                    self.event(EventType::Normal, "WorkerStarted", what).await;
+                }
                 Ok(())
             }
             // Deterministic names make a repeated create a no-op.
@@ -798,8 +870,8 @@ impl Io<'_> {
                     &Patch::Merge(&status),
                 )
                 .await?;
-            self.event_on_request(
-                &created,
+            self.event_about(
+                created.object_ref(&()),
                 EventType::Normal,
                 "ApprovalRequested",
                 format!(
@@ -819,16 +891,8 @@ impl Io<'_> {
                 "observedGeneration": self.run.metadata.generation,
                 "conditions": self.conditions_with(ConditionStatus::False, "AwaitingApproval", &format!("{pending} tool call(s) await a decision")),
             }});
+            // The ApprovalRequested Events say what awaits a decision: no Event of its own.
             self.patch_status(patch, false).await?;
-            self.event(
-                EventType::Normal,
-                "AwaitingApproval",
-                format!(
-                    "Run halted at step {}: {pending} tool call(s) await approval",
-                    status.step.unwrap_or(0)
-                ),
-            )
-            .await;
         }
         Ok(Requeue::await_change())
     }
@@ -839,12 +903,12 @@ impl Io<'_> {
         decisions: Vec<ResolvedDecision>,
     ) -> Result<Requeue, ReconcileError> {
         let now = Utc::now();
-        let requests = self.requests();
-        let status_params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         let mut decided_times = Vec::new();
+        let mut announcements = Vec::new();
+        // People's decisions are recorded on their requests after the next Pod exists, off the
+        // path from decision to Pod (a crash in between is repaired from the request alone, see
+        // `record_decisions`); expiries and refusals first, as only this step knows them.
+        let mut record_after = Vec::new();
         for decision in &decisions {
             let observed = self
                 .observed_requests
@@ -860,13 +924,13 @@ impl Io<'_> {
                     .observe((decided_at - created).num_milliseconds().max(0) as f64 / 1000.0);
             }
             decided_times.push(decided_at);
-            let now = decided_at;
+            let at = decided_at;
             let (result, phase) = match &decision.kind {
                 ResolvedKind::Approved {
                     approver_id,
                     reason,
                 } => {
-                    let mut a = Approval::new().at(now);
+                    let mut a = Approval::new().at(at);
                     a.approver_id = approver_id.clone();
                     a.reason = reason.clone();
                     (
@@ -879,7 +943,7 @@ impl Io<'_> {
                     reason,
                     message,
                 } => {
-                    let mut r = Rejection::new().at(now);
+                    let mut r = Rejection::new().at(at);
                     r.approver_id = approver_id.clone();
                     r.reason = reason.clone();
                     r.message = message.clone();
@@ -894,7 +958,7 @@ impl Io<'_> {
                         Rejection::new()
                             .message(EXPIRED_MESSAGE)
                             .reason("expired")
-                            .at(now),
+                            .at(at),
                     ),
                     ApprovalPhase::Expired,
                 ),
@@ -904,7 +968,7 @@ impl Io<'_> {
                         Rejection::new()
                             .message(SUPERSEDED_MESSAGE)
                             .reason(format!("superseded: {why}"))
-                            .at(now),
+                            .at(at),
                     ),
                     ApprovalPhase::Superseded,
                 ),
@@ -913,75 +977,31 @@ impl Io<'_> {
                 request: decision.request.clone(),
                 message: e.to_string(),
             })?;
-            let mut patch = json!({"status": {
-                "phase": phase,
-                "decidedAt": now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            }});
-            // The identity the stamping policy recorded; on servers without it, the approverId
-            // the validating policy checked against the authenticated user.
-            let identity = observed.and_then(verified_identity).or_else(|| {
-                observed
-                    .and_then(|r| r.spec.approver_id.clone())
-                    .map(|username| crate::crd::VerifiedIdentity {
-                        username,
-                        uid: None,
-                        groups: vec![],
-                    })
-            });
-            if let Some(identity) = identity {
-                patch["status"]["verifiedIdentity"] = json!(identity);
-            }
-            let request = requests
-                .patch_status(&decision.request, &status_params, &Patch::Merge(&patch))
-                .await?;
-            let (type_, reason, note) = match &decision.kind {
-                ResolvedKind::Approved {
-                    approver_id,
-                    reason,
-                } => (
-                    EventType::Normal,
-                    "Approved",
-                    format!(
-                        "Approved by {}: {}",
-                        approver_id.as_deref().unwrap_or("unknown"),
-                        reason.as_deref().unwrap_or("no reason given")
-                    ),
-                ),
-                ResolvedKind::Rejected {
-                    approver_id,
-                    reason,
-                    ..
-                } => (
-                    EventType::Normal,
-                    "Rejected",
-                    format!(
-                        "Rejected by {}: {}",
-                        approver_id.as_deref().unwrap_or("unknown"),
-                        reason.as_deref().unwrap_or("no reason given")
-                    ),
-                ),
-                ResolvedKind::Expired => (
-                    EventType::Warning,
-                    "Expired",
-                    format!(
-                        "Approval of {} timed out; treated as rejected",
-                        decision.tool_call_id
-                    ),
-                ),
-                ResolvedKind::Superseded { why } => (
-                    EventType::Warning,
-                    "Superseded",
-                    format!("Decision on {} refused: {why}", decision.request),
-                ),
+            let resolution = Resolution {
+                request: decision.request.clone(),
+                phase,
+                decided_at: at,
+                identity: observed.and_then(verified_identity_or_claimed),
             };
-            self.event_on_request(&request, type_, reason, note.clone())
-                .await;
-            self.event(
+            // A retry after a failed run patch finds the request already resolved.
+            let resolved = observed
+                .and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.phase == Some(phase) && s.decided_at.is_some());
+            match phase {
+                _ if resolved => {}
+                ApprovalPhase::Approved | ApprovalPhase::Rejected => record_after.push(resolution),
+                _ => record_resolution(self.ctx, self.ns, &resolution).await?,
+            }
+            let (type_, reason, note) = decision_event(decision);
+            let related = observed.map(|r| r.object_ref(&())).unwrap_or_else(|| {
+                ApprovalRequest::new(&decision.request, Default::default()).object_ref(&())
+            });
+            announcements.push((
+                related,
                 type_,
                 reason,
-                format!("{} ({})", note, decision.tool_call_id),
-            )
-            .await;
+                format!("{note} ({})", decision.tool_call_id),
+            ));
         }
         let step = self.run.status.as_ref().and_then(|s| s.step).unwrap_or(0) + 1;
         let pod = decide::worker_pod_name(&self.run.name_any(), step, 0);
@@ -1017,7 +1037,7 @@ impl Io<'_> {
         {
             run_status::prune_chunks(&self.ctx.client, self.run, &stored.digest).await;
         }
-        self.create_pod(step, 0).await?;
+        self.create_pod(step, 0, false).await?;
         let created = Utc::now();
         for decided_at in decided_times {
             self.ctx
@@ -1025,15 +1045,21 @@ impl Io<'_> {
                 .resume_latency
                 .observe((created - decided_at).num_milliseconds().max(0) as f64 / 1000.0);
         }
-        self.event(
-            EventType::Normal,
-            "Resumed",
-            format!(
-                "Resumed at step {step} after {} decision(s)",
-                decisions.len()
-            ),
+        futures::future::try_join_all(
+            record_after
+                .iter()
+                .map(|r| record_resolution(self.ctx, self.ns, r)),
         )
-        .await;
+        .await?;
+        for (related, type_, reason, note) in announcements {
+            self.event_about(
+                related,
+                type_,
+                reason,
+                format!("{note}; resumed at step {step}"),
+            )
+            .await;
+        }
         Ok(Requeue::await_change())
     }
 
@@ -1128,6 +1154,153 @@ async fn report_unknown_outcomes(
     };
     let _ = ctx.recorder.publish(&event, &run.object_ref(&())).await;
     Ok(true)
+}
+
+/// How the controller resolved one ApprovalRequest: what its status records.
+#[derive(Clone, Debug, PartialEq)]
+struct Resolution {
+    request: String,
+    phase: ApprovalPhase,
+    decided_at: chrono::DateTime<Utc>,
+    identity: Option<crate::crd::VerifiedIdentity>,
+}
+
+/// Records a resolution in the request's status (phase, decision time, verified identity), and
+/// remembers it so that [`record_decisions`] does not write it again from a lagging cache.
+async fn record_resolution(
+    ctx: &Context,
+    ns: &str,
+    resolution: &Resolution,
+) -> Result<(), ReconcileError> {
+    let mut patch = json!({"status": {
+        "phase": resolution.phase,
+        "decidedAt": resolution.decided_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    }});
+    if let Some(identity) = &resolution.identity {
+        patch["status"]["verifiedIdentity"] = json!(identity);
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    Api::<ApprovalRequest>::namespaced(ctx.client.clone(), ns)
+        .patch_status(&resolution.request, &params, &Patch::Merge(&patch))
+        .await?;
+    ctx.recorded.remember(ns, &resolution.request);
+    Ok(())
+}
+
+/// Repairs what a crash between a resume and its deferred request writes left behind: a
+/// request of an earlier step that a person decided, whose status still says Pending. Everything
+/// its status needs is on the request itself.
+async fn record_decisions(
+    ctx: &Context,
+    run: &AgentRun,
+    ns: &str,
+    requests: &[ApprovalRequest],
+) -> Result<(), ReconcileError> {
+    for request in decide::unrecorded_decisions(run, requests) {
+        if ctx.recorded.contains(ns, &request.name_any()) {
+            continue;
+        }
+        let phase = match request.spec.decision {
+            Some(crate::crd::Decision::Approved) => ApprovalPhase::Approved,
+            Some(crate::crd::Decision::Rejected) => ApprovalPhase::Rejected,
+            None => continue,
+        };
+        let resolution = Resolution {
+            request: request.name_any(),
+            phase,
+            decided_at: decision_time(request).unwrap_or_else(Utc::now),
+            identity: verified_identity_or_claimed(request),
+        };
+        warn!(request = %resolution.request, "recording a decision a stopped controller applied but did not record");
+        record_resolution(ctx, ns, &resolution).await?;
+    }
+    Ok(())
+}
+
+/// The identity the stamping policy recorded; on servers without it, the approverId the
+/// validating policy checked against the authenticated user.
+fn verified_identity_or_claimed(request: &ApprovalRequest) -> Option<crate::crd::VerifiedIdentity> {
+    verified_identity(request).or_else(|| {
+        request
+            .spec
+            .approver_id
+            .clone()
+            .map(|username| crate::crd::VerifiedIdentity {
+                username,
+                uid: None,
+                groups: vec![],
+            })
+    })
+}
+
+/// The Event that announces a decision.
+fn decision_event(decision: &ResolvedDecision) -> (EventType, &'static str, String) {
+    match &decision.kind {
+        ResolvedKind::Approved {
+            approver_id,
+            reason,
+        } => (
+            EventType::Normal,
+            "Approved",
+            format!(
+                "Approved by {}: {}",
+                approver_id.as_deref().unwrap_or("unknown"),
+                reason.as_deref().unwrap_or("no reason given")
+            ),
+        ),
+        ResolvedKind::Rejected {
+            approver_id,
+            reason,
+            ..
+        } => (
+            EventType::Normal,
+            "Rejected",
+            format!(
+                "Rejected by {}: {}",
+                approver_id.as_deref().unwrap_or("unknown"),
+                reason.as_deref().unwrap_or("no reason given")
+            ),
+        ),
+        ResolvedKind::Expired => (
+            EventType::Warning,
+            "Expired",
+            format!(
+                "Approval of {} timed out; treated as rejected",
+                decision.tool_call_id
+            ),
+        ),
+        ResolvedKind::Superseded { why } => (
+            EventType::Warning,
+            "Superseded",
+            format!("Decision on {} refused: {why}", decision.request),
+        ),
+    }
+}
+
+/// The requests whose resolution this process wrote recently, by `namespace/name`: a reconcile
+/// that sees them still Pending in a lagging cache does not write them again.
+#[derive(Default)]
+pub struct RecentlyRecorded(
+    std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+);
+
+impl RecentlyRecorded {
+    const KEEP: Duration = Duration::from_secs(600);
+
+    fn remember(&self, ns: &str, name: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
+        map.insert(format!("{ns}/{name}"), now);
+    }
+
+    fn contains(&self, ns: &str, name: &str) -> bool {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.contains_key(&format!("{ns}/{name}"))
+    }
 }
 
 /// When a person set the decision: the latest write to the request's spec by anyone but the

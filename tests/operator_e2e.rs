@@ -546,6 +546,93 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
     );
 }
 
+/// The controller records a person's decision on the request after the next worker Pod exists. A
+/// controller that stops in between leaves the request Pending although the run applied it; the
+/// next controller records it from the request alone (decision, its time, the stamped identity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_applied_but_not_recorded_is_recorded_by_the_next_controller() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-record").await;
+    let mut operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    apply(
+        cp,
+        Identity::Admin,
+        &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
+    );
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
+    let name = requests_of(cp, &ns.name, "r1").await[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    decide(
+        cp,
+        Identity::Alice,
+        &ns.name,
+        &name,
+        json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
+    );
+    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    let recorded = requests_of(cp, &ns.name, "r1")
+        .await
+        .remove(0)
+        .status
+        .unwrap();
+    assert_eq!(recorded.phase, Some(agentrun::crd::ApprovalPhase::Approved));
+    assert_eq!(
+        recorded
+            .verified_identity
+            .as_ref()
+            .map(|i| i.username.as_str()),
+        Some("alice@example.com")
+    );
+
+    // What a controller stopped right after creating the step-1 Pod leaves behind.
+    operator.controller.abort();
+    let requests: Api<ApprovalRequest> =
+        Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
+    requests
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Pending", "decidedAt": null, "verifiedIdentity": null}})),
+        )
+        .await
+        .unwrap();
+    operator.controller = start_controller(cp, &ns.name).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let repaired = loop {
+        let status = requests
+            .get(&name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        if status.phase == Some(agentrun::crd::ApprovalPhase::Approved) {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not recorded: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(repaired.verified_identity, recorded.verified_identity);
+    assert_eq!(repaired.decided_at, recorded.decided_at);
+    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
     let cp = ControlPlane::shared().await;
@@ -1049,4 +1136,62 @@ async fn approval_requests_stay_as_long_as_their_run_and_go_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `kubectl get agents` shows each Agent's tools, and its Ready condition says whether a worker
+/// could run it (here: a tool whose parameters are not a valid JSON Schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_show_their_tools_and_whether_their_spec_is_valid() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-agent-status").await;
+    let _operator = start_operator(cp, &ns).await;
+    let tools = ToolServer::start().await;
+    let scripted = json!({"scripted": {"turns": [{"content": "Done."}]}});
+    apply(
+        cp,
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted.clone(), &tools),
+    );
+    let mut broken: serde_json::Value =
+        serde_json::from_str(&agent_yaml(&ns.name, "broken", scripted, &tools)).unwrap();
+    broken["spec"]["tools"][1]["parameters"] =
+        json!({"type": "object", "properties": {"x": {"type": 12}}});
+    apply(cp, Identity::Admin, &broken.to_string());
+
+    let api: Api<agentrun::crd::Agent> =
+        Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let ready_of = |agent: &agentrun::crd::Agent| {
+        agent.status.as_ref().and_then(|s| {
+            agentrun::crd::find_condition(&s.conditions, "Ready")
+                .map(|c| (c.reason.clone(), c.message.clone(), s.observed_generation))
+        })
+    };
+    let (ops, broken) = loop {
+        let ops = api.get("ops").await.unwrap();
+        let broken = api.get("broken").await.unwrap();
+        if ready_of(&ops).is_some() && ready_of(&broken).is_some() {
+            break (ops, broken);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Agent status written"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (reason, _, generation) = ready_of(&ops).unwrap();
+    assert_eq!(reason, "Valid");
+    assert_eq!(generation, ops.metadata.generation);
+    let (reason, message, _) = ready_of(&broken).unwrap();
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.contains("tools[1].parameters"), "{message}");
+
+    let table = cp.kubectl(Identity::Admin, &["get", "agents", "-n", &ns.name]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("ops ") && l.contains("delete_user,lookup_user")),
+        "{table}"
+    );
 }

@@ -6,6 +6,7 @@
 //! I/O steps here (fetch, server-side apply with the `agentrun-controller` field manager, status
 //! patches). The cache holds runs without their `status.runState`; it is read only when needed.
 
+pub mod agent_status;
 pub mod decide;
 pub mod metrics;
 pub mod worker_pod;
@@ -155,7 +156,7 @@ pub struct ControllerConfig {
 }
 
 /// How many runs are reconciled at once unless configured.
-pub const DEFAULT_CONCURRENCY: u16 = 16;
+pub const DEFAULT_CONCURRENCY: u16 = 64;
 
 /// The runs' cache lists this many at a time, so that the initial list of many large runs never
 /// sits in memory at once (each run is stripped of its state as it arrives).
@@ -305,12 +306,19 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         .touched_objects();
 
     let (agent_reader, agent_writer) = reflector::store();
+    let (agent_status_tx, agent_status_task) = agent_status::spawn_writer(client.clone());
+    let _agent_status_task = AbortOnDrop(agent_status_task);
     let agent_stream = watcher(agents, watcher::Config::default())
         .default_backoff()
         .modify(|a: &mut Agent| a.managed_fields_mut().clear())
         .reflect(agent_writer)
         .inspect_ok(synced(&probe, 0b1000))
-        .touched_objects();
+        .touched_objects()
+        .inspect_ok(move |agent: &Agent| {
+            if agent_status::needs_update(agent) {
+                let _ = agent_status_tx.send(agent.clone());
+            }
+        });
     // A run that waits for its Agent is looked at again as soon as the Agent appears.
     let waiting_for_agent = run_reader.clone();
     let agent_mapper = move |agent: Agent| {
@@ -466,8 +474,10 @@ fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
         .collect()
 }
 
-async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileError> {
+async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, ReconcileError> {
     let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let requests = of_run(&run, ctx.requests.state());
+    record_decisions(ctx, &run, &ns, &requests).await?;
     if run
         .status
         .as_ref()
@@ -480,7 +490,6 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
         .agents
         .get(&reflector::ObjectRef::new(&run.spec.agent_ref.name).within(&ns));
     let pods = of_run(&run, ctx.pods.state());
-    let requests = of_run(&run, ctx.requests.state());
     let now = Utc::now();
     let timeouts: std::collections::BTreeMap<String, Duration> = agent
         .iter()
@@ -515,7 +524,6 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
         state: state.as_ref().map(|s| s.as_ref().map_err(Clone::clone)),
         now,
     };
-    record_decisions(ctx, observed_run, &ns, &requests).await?;
     if report_unknown_outcomes(ctx, observed_run, &ns).await? {
         // Later status patches start from the cached conditions: act once the cache has it.
         return Ok(Requeue::await_change());
@@ -568,7 +576,7 @@ async fn apply(run: Arc<AgentRun>, ctx: &Context) -> Result<Requeue, ReconcileEr
 
 /// The I/O steps of one reconcile of one run.
 struct Io<'a> {
-    ctx: &'a Context,
+    ctx: &'a Arc<Context>,
     run: &'a AgentRun,
     ns: &'a str,
     observed_requests: &'a [ApprovalRequest],
@@ -585,21 +593,15 @@ impl Io<'_> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        let event = Event {
+        publish(
+            self.ctx,
+            self.run.object_ref(&()),
+            None,
             type_,
-            reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(error) = self
-            .ctx
-            .recorder
-            .publish(&event, &self.run.object_ref(&()))
-            .await
-        {
-            warn!(%error, reason, "could not publish an Event");
-        }
+            reason,
+            note,
+        )
+        .await;
     }
 
     /// An Event about the run that concerns one of its ApprovalRequests (its `related` object), so
@@ -611,21 +613,15 @@ impl Io<'_> {
         reason: &str,
         note: String,
     ) {
-        let event = Event {
+        publish(
+            self.ctx,
+            self.run.object_ref(&()),
+            Some(related),
             type_,
-            reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
-            action: reason.into(),
-            secondary: Some(related),
-        };
-        if let Err(error) = self
-            .ctx
-            .recorder
-            .publish(&event, &self.run.object_ref(&()))
-            .await
-        {
-            warn!(%error, reason, "could not publish an Event");
-        }
+            reason,
+            note,
+        )
+        .await;
     }
 
     /// Merge-patches the run's status; with `guard`, only if the run is unchanged since it was read.
@@ -1045,21 +1041,30 @@ impl Io<'_> {
                 .resume_latency
                 .observe((created - decided_at).num_milliseconds().max(0) as f64 / 1000.0);
         }
-        futures::future::try_join_all(
-            record_after
-                .iter()
-                .map(|r| record_resolution(self.ctx, self.ns, r)),
-        )
-        .await?;
-        for (related, type_, reason, note) in announcements {
-            self.event_about(
-                related,
-                type_,
-                reason,
-                format!("{note}; resumed at step {step}"),
-            )
-            .await;
+        // The reconcile is done once the Pod exists; recording and announcing the decisions
+        // happen beside the next reconciles. They are marked recorded now, so that a reconcile
+        // meanwhile does not repeat them; one that fails is unmarked and repaired later.
+        for resolution in &record_after {
+            self.ctx.recorded.remember(self.ns, &resolution.request);
         }
+        let ctx = Arc::clone(self.ctx);
+        let ns = self.ns.to_owned();
+        let regarding = self.run.object_ref(&());
+        tokio::spawn(
+            async move {
+                for resolution in &record_after {
+                    if let Err(error) = record_resolution(&ctx, &ns, resolution).await {
+                        ctx.recorded.forget(&ns, &resolution.request);
+                        warn!(request = %resolution.request, %error, "could not record a decision; retried at the run's next reconcile");
+                    }
+                }
+                for (related, type_, reason, note) in announcements {
+                    let note = format!("{note}; resumed at step {step}");
+                    publish(&ctx, regarding.clone(), Some(related), type_, reason, note).await;
+                }
+            }
+            .in_current_span(),
+        );
         Ok(Requeue::await_change())
     }
 
@@ -1154,6 +1159,27 @@ async fn report_unknown_outcomes(
     };
     let _ = ctx.recorder.publish(&event, &run.object_ref(&())).await;
     Ok(true)
+}
+
+/// Publishes an Event about `regarding` (a run), best effort: a failure is logged, never retried.
+async fn publish(
+    ctx: &Context,
+    regarding: k8s_openapi::api::core::v1::ObjectReference,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(truncate(&note, 1000)),
+        action: reason.into(),
+        secondary: related,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &regarding).await {
+        warn!(%error, reason, "could not publish an Event");
+    }
 }
 
 /// How the controller resolved one ApprovalRequest: what its status records.
@@ -1295,6 +1321,11 @@ impl RecentlyRecorded {
         let now = std::time::Instant::now();
         map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
         map.insert(format!("{ns}/{name}"), now);
+    }
+
+    fn forget(&self, ns: &str, name: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(&format!("{ns}/{name}"));
     }
 
     fn contains(&self, ns: &str, name: &str) -> bool {

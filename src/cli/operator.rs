@@ -51,6 +51,10 @@ pub struct ControllerArgs {
     /// How many runs are reconciled at once.
     #[arg(long, env = "AGENTRUN_CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// MiB of small RunStates kept in memory, so that applying a decision needs no extra read
+    /// (0 disables).
+    #[arg(long, env = "AGENTRUN_STATE_CACHE_MIB", default_value_t = 32)]
+    pub state_cache_mib: usize,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -144,6 +148,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             },
             metrics_addr: args.metrics_addr,
             concurrency: Some(args.concurrency),
+            state_cache_bytes: Some(args.state_cache_mib << 20),
             leader_election: args
                 .leader_elect
                 .then(|| crate::controller::LeaderElection {

@@ -9,6 +9,7 @@
 pub mod agent_status;
 pub mod decide;
 pub mod metrics;
+pub mod state_cache;
 pub mod worker_pod;
 
 use std::sync::Arc;
@@ -153,6 +154,9 @@ pub struct ControllerConfig {
     /// How many runs are reconciled at once ([`DEFAULT_CONCURRENCY`] when `None`). Bounding it
     /// bounds the controller's memory and its share of the API server under a burst.
     pub concurrency: Option<u16>,
+    /// Bytes of small RunStates kept in memory so that applying a decision needs no read
+    /// ([`state_cache::DEFAULT_BUDGET_BYTES`] when `None`; 0 disables).
+    pub state_cache_bytes: Option<usize>,
 }
 
 /// How many runs are reconciled at once unless configured.
@@ -180,6 +184,7 @@ pub struct Context {
     agents: Store<Agent>,
     synced: Arc<std::sync::atomic::AtomicU8>,
     recorded: RecentlyRecorded,
+    states: Arc<state_cache::StateCache>,
 }
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
@@ -277,12 +282,20 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
 
     let agents: Api<Agent> = scoped(&client, &config.namespace);
 
+    let states = Arc::new(state_cache::StateCache::new(
+        config
+            .state_cache_bytes
+            .unwrap_or(state_cache::DEFAULT_BUDGET_BYTES),
+        state_cache::MAX_ENTRY_BYTES,
+    ));
     let (run_reader, run_writer) = reflector::store();
+    let observed_states = states.clone();
     let run_stream = watcher(
         runs,
         watcher::Config::default().page_size(RUN_LIST_PAGE_SIZE),
     )
     .default_backoff()
+    .inspect_ok(move |event| observed_states.observe_event(event))
     .modify(strip_run)
     .reflect(run_writer)
     .inspect_ok(synced(&probe, 0b001))
@@ -356,6 +369,7 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         agents: agent_reader,
         synced: probe.synced.clone(),
         recorded: RecentlyRecorded::default(),
+        states,
     });
     let controller_config = kube::runtime::controller::Config::default()
         .concurrency(context.config.concurrency.unwrap_or(DEFAULT_CONCURRENCY));
@@ -503,8 +517,13 @@ async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, Reconc
     let mut full: Option<AgentRun> = None;
     let mut state = None;
     if decide::needs_state(&run, &pods, &requests, now) {
-        let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
-        let fresh = api.get(&run.name_any()).await?;
+        let fresh = match ctx.states.restore(&run) {
+            Some(run) => run,
+            None => {
+                let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
+                api.get(&run.name_any()).await?
+            }
+        };
         state = Some(match run_status::load(&ctx.client, &fresh).await {
             Ok(Some(state)) => Ok(state),
             Ok(None) => Err("status.runState is missing".to_owned()),

@@ -193,6 +193,8 @@ pub struct BenchConfig {
     pub idle_settle: Duration,
     /// Where namespaces' logs, kubeconfigs and Pod folders go (removed after a phase succeeds).
     pub work_dir: PathBuf,
+    /// Worker Pods the dev kubelet runs at once (its `--max-pods`; 0: no limit).
+    pub kubelet_max_pods: usize,
 }
 
 impl BenchConfig {
@@ -761,6 +763,8 @@ pub struct BenchReport {
     pub cycles: Vec<CycleReport>,
     /// The idle measurement, if made.
     pub idle: Option<IdleReport>,
+    /// Worker Pods the dev kubelet ran at once (0: no limit).
+    pub kubelet_max_pods: usize,
 }
 
 /// Whether a cycle meets a goal (`None`: not measured).
@@ -1038,6 +1042,14 @@ impl BenchReport {
     /// The table, then per run count the controller's requests by verb and resource.
     pub fn render(&self) -> String {
         let mut out = self.table().render();
+        let _ = write!(
+            out,
+            "\nworker Pods run at once by the dev kubelet (its node's maxPods): {}",
+            match self.kubelet_max_pods {
+                0 => "no limit".to_owned(),
+                n => n.to_string(),
+            }
+        );
         for c in &self.cycles {
             let _ = write!(
                 out,
@@ -2005,7 +2017,10 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
     std::fs::create_dir_all(&config.work_dir)
         .map_err(io_error(format!("creating {}", config.work_dir.display())))?;
     let tools = ToolServer::start().await?;
-    let mut report = BenchReport::default();
+    let mut report = BenchReport {
+        kubelet_max_pods: config.kubelet_max_pods,
+        ..Default::default()
+    };
     for &n in config.runs.iter().filter(|&&n| n > 0) {
         let ns = create_namespace(&cluster, config, &format!("bench-{n}")).await?;
         progress.say(format!("N={n}: namespace {}", ns.name));
@@ -2086,6 +2101,8 @@ async fn cycle(
             &ns.name,
             "--work-dir",
             &pod_dir.to_string_lossy(),
+            "--max-pods",
+            &config.kubelet_max_pods.to_string(),
         ],
         &[
             ("KUBECONFIG", cluster.admin_kubeconfig.as_os_str()),
@@ -2748,6 +2765,7 @@ mod tests {
                 },
                 peak_kib: 200 * 1024,
             }),
+            kubelet_max_pods: 16,
         };
         let text = report.render();
         let row = |prefix: &str| -> Vec<String> {

@@ -66,6 +66,9 @@ pub struct DevKubeletConfig {
     pub work_dir: PathBuf,
     /// The API server URL and CA data written into each Pod's kubeconfig.
     pub cluster: ClusterAccess,
+    /// How many Pods run at once, like a node's `maxPods` (0: no limit). Further Pods stay Pending
+    /// until one finishes.
+    pub max_pods: usize,
 }
 
 /// How a worker process reaches the API server.
@@ -139,6 +142,8 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
         source,
     })?;
     let running: Running = Arc::default();
+    let slots =
+        (config.max_pods > 0).then(|| Arc::new(tokio::sync::Semaphore::new(config.max_pods)));
     let config = Arc::new(config);
     let stream =
         watcher(pods, watcher::Config::default().labels(MANAGED_BY_SELECTOR)).default_backoff();
@@ -174,7 +179,12 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
         let client = client.clone();
         let config = config.clone();
         let running = running.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
+            let _slot = match slots {
+                Some(slots) => slots.acquire_owned().await.ok(),
+                None => None,
+            };
             let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if let Err(error) = run_pod(client.clone(), &config, &pod, kill_rx).await {
                 warn!(pod = %name, %error, "dev kubelet could not run the pod");
@@ -501,6 +511,7 @@ mod tests {
                 server: "https://127.0.0.1:1".into(),
                 certificate_authority_data: None,
             },
+            max_pods: 0,
         };
         let ok = Container {
             name: "worker".into(),

@@ -89,6 +89,7 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
             namespace: Some(ns.name.clone()),
             work_dir: std::env::temp_dir().join(format!("agentrun-chaos-{}", ns.name)),
             cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
+            max_pods: 0,
         },
     ));
     let mut current = controller(cp, &ns.name).await;

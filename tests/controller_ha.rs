@@ -118,6 +118,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
             namespace: Some(ns.name.clone()),
             work_dir: std::env::temp_dir().join(format!("agentrun-ha-{}", ns.name)),
             cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
+            max_pods: 0,
         },
     ));
 

@@ -1243,6 +1243,7 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         namespace: Some(runs.name.clone()),
         work_dir: std::env::temp_dir().join(format!("agentrun-chart-{}", runs.name)),
         cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
+        max_pods: 0,
     };
     let admin = cp.client(Identity::Admin).await;
     let kubelet = tokio::spawn(async move {

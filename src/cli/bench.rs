@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// The agentrun binary run as controller, dev kubelet and workers (default: this binary).
     #[arg(long, value_name = "PATH")]
     pub agentrun_binary: Option<PathBuf>,
+    /// Worker Pods the dev kubelet runs at once, like one small node's maxPods (0: no limit).
+    /// Workers run on the benchmark's own two cores; in a cluster they run on other nodes.
+    #[arg(long, default_value_t = 16)]
+    pub kubelet_max_pods: usize,
 }
 
 impl BenchArgs {
@@ -85,6 +89,7 @@ impl BenchArgs {
             work_dir: self.work_dir.clone().unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("agentrun-bench-{}", std::process::id()))
             }),
+            kubelet_max_pods: self.kubelet_max_pods,
         })
     }
 }

@@ -104,6 +104,10 @@ pub struct DevKubeletArgs {
     /// The agentrun binary that stands for the image's command (default: this binary).
     #[arg(long)]
     pub agentrun_binary: Option<PathBuf>,
+    /// How many worker Pods run at once, like a node's maxPods (0: no limit); further Pods stay
+    /// Pending until one finishes.
+    #[arg(long, default_value_t = 0)]
+    pub max_pods: usize,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -241,6 +245,7 @@ pub fn dev_kubelet(args: DevKubeletArgs) -> ExitCode {
             namespace: args.namespace,
             work_dir,
             cluster,
+            max_pods: args.max_pods,
         };
         tokio::select! {
             result = crate::dev_kubelet::run(client, config) => match result {

@@ -185,6 +185,7 @@ pub struct Context {
     synced: Arc<std::sync::atomic::AtomicU8>,
     recorded: RecentlyRecorded,
     states: Arc<state_cache::StateCache>,
+    written: WrittenVersions,
 }
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
@@ -370,6 +371,7 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         synced: probe.synced.clone(),
         recorded: RecentlyRecorded::default(),
         states,
+        written: WrittenVersions::default(),
     });
     let controller_config = kube::runtime::controller::Config::default()
         .concurrency(context.config.concurrency.unwrap_or(DEFAULT_CONCURRENCY));
@@ -500,6 +502,11 @@ async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, Reconc
     {
         return Ok(Requeue::await_change());
     }
+    if ctx.written.is_stale(&run) {
+        // This replica already wrote over this version: act on what it wrote, which the watch
+        // brings next (acting now would repeat a step, or fail a guarded write).
+        return Ok(Requeue::requeue(Duration::from_secs(1)));
+    }
     let agent = ctx
         .agents
         .get(&reflector::ObjectRef::new(&run.spec.agent_ref.name).within(&ns));
@@ -517,7 +524,14 @@ async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, Reconc
     let mut full: Option<AgentRun> = None;
     let mut state = None;
     if decide::needs_state(&run, &pods, &requests, now) {
-        let fresh = match ctx.states.restore(&run) {
+        // Only a decision's application may use a cached state: it is guarded by the same
+        // resourceVersion. A finished step must be read fresh, as the worker's last write may
+        // not have reached the cache yet when its Pod's success does.
+        let cached = (run.status.as_ref().and_then(|s| s.phase)
+            == Some(AgentRunPhase::AwaitingApproval))
+        .then(|| ctx.states.restore(&run))
+        .flatten();
+        let fresh = match cached {
             Some(run) => run,
             None => {
                 let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
@@ -659,6 +673,7 @@ impl Io<'_> {
         self.runs()
             .patch_status(&self.run.name_any(), &params, &Patch::Merge(&patch))
             .await?;
+        self.ctx.written.wrote_over(self.run);
         Ok(())
     }
 
@@ -1322,6 +1337,38 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, &'static str, Stri
             "Superseded",
             format!("Decision on {} refused: {why}", decision.request),
         ),
+    }
+}
+
+/// The run versions this replica has written over, by run uid: a reconcile that still sees such a
+/// version in the cache (the watch has not delivered the write yet) waits for it instead of acting
+/// on an outdated run. Versions are compared for equality only, as API conventions require.
+#[derive(Default)]
+struct WrittenVersions(
+    std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+);
+
+impl WrittenVersions {
+    const KEEP: Duration = Duration::from_secs(300);
+
+    fn wrote_over(&self, run: &AgentRun) {
+        if let (Some(uid), Some(rv)) = (run.uid(), run.resource_version()) {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if map.len() >= 1024 {
+                map.retain(|_, (_, at)| now.duration_since(*at) < Self::KEEP);
+            }
+            map.insert(uid, (rv, now));
+        }
+    }
+
+    /// Whether `run` is a version this replica wrote over.
+    fn is_stale(&self, run: &AgentRun) -> bool {
+        let (Some(uid), Some(rv)) = (run.uid(), run.resource_version()) else {
+            return false;
+        };
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&uid).is_some_and(|(written, _)| *written == rv)
     }
 }
 

@@ -57,6 +57,7 @@ pub async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
         namespace: Some(ns.name.clone()),
         work_dir: std::env::temp_dir().join(format!("agentrun-test-{}", ns.name)),
         cluster: ClusterAccess::from_kubeconfig(&kubeconfig).expect("cluster access"),
+        max_pods: 0,
     };
     let client = cp.client(Identity::Admin).await;
     let kubelet = tokio::spawn(async move {

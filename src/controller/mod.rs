@@ -1471,3 +1471,44 @@ fn truncate(text: &str, max: usize) -> String {
     }
     format!("{}...", &text[..end])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{AgentRef, AgentRunSpec};
+
+    fn run(uid: &str, rv: &str) -> AgentRun {
+        let mut run = AgentRun::new(
+            "r1",
+            AgentRunSpec {
+                agent_ref: AgentRef { name: "ops".into() },
+                input: "hi".into(),
+                worker: None,
+            },
+        );
+        run.metadata.uid = Some(uid.into());
+        run.metadata.resource_version = Some(rv.into());
+        run
+    }
+
+    #[test]
+    fn a_version_this_replica_wrote_over_is_stale_and_newer_ones_are_not() {
+        let written = WrittenVersions::default();
+        assert!(!written.is_stale(&run("u1", "10")));
+        written.wrote_over(&run("u1", "10"));
+        assert!(written.is_stale(&run("u1", "10")));
+        assert!(!written.is_stale(&run("u1", "11")), "the watch delivered the write");
+        assert!(!written.is_stale(&run("u2", "10")), "another run");
+    }
+
+    #[test]
+    fn recorded_decisions_are_remembered_until_forgotten() {
+        let recorded = RecentlyRecorded::default();
+        assert!(!recorded.contains("ns", "r1-call-1"));
+        recorded.remember("ns", "r1-call-1");
+        assert!(recorded.contains("ns", "r1-call-1"));
+        assert!(!recorded.contains("other", "r1-call-1"));
+        recorded.forget("ns", "r1-call-1");
+        assert!(!recorded.contains("ns", "r1-call-1"));
+    }
+}

@@ -2796,7 +2796,10 @@ mod tests {
         assert_eq!(writes[1..3], ["4.00", "4.00"]);
         assert_eq!(writes[5], "yes");
         assert_eq!(row("  of which")[1], "2.00 / 1.00 / 1.00");
-        assert_eq!(row("controller API requests per approved run, in all")[1], "5.00");
+        assert_eq!(
+            row("controller API requests per approved run, in all")[1],
+            "5.00"
+        );
         assert_eq!(row("runs completed per second")[2], "100.00/s");
         assert_eq!(
             row("idle RSS at caches synced")[3..6],

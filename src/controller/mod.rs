@@ -166,6 +166,10 @@ pub const DEFAULT_CONCURRENCY: u16 = 64;
 /// sits in memory at once (each run is stripped of its state as it arrives).
 const RUN_LIST_PAGE_SIZE: u32 = 100;
 
+/// How many reconciles read a RunState from the API server at once (each may hold a large state
+/// while it decides and writes).
+const STATE_READS_AT_ONCE: usize = 8;
+
 /// One bit per cache the controller waits for: runs, Pods, ApprovalRequests, Agents.
 const ALL_CACHES: u8 = 0b1111;
 
@@ -186,6 +190,7 @@ pub struct Context {
     recorded: RecentlyRecorded,
     states: Arc<state_cache::StateCache>,
     written: WrittenVersions,
+    state_reads: tokio::sync::Semaphore,
 }
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
@@ -372,6 +377,7 @@ async fn run_controller(client: Client, config: ControllerConfig, probe: metrics
         recorded: RecentlyRecorded::default(),
         states,
         written: WrittenVersions::default(),
+        state_reads: tokio::sync::Semaphore::new(STATE_READS_AT_ONCE),
     });
     let controller_config = kube::runtime::controller::Config::default()
         .concurrency(context.config.concurrency.unwrap_or(DEFAULT_CONCURRENCY));
@@ -522,6 +528,7 @@ async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, Reconc
         .collect();
 
     let mut full: Option<AgentRun> = None;
+    let mut _state_read: Option<tokio::sync::SemaphorePermit<'_>> = None;
     let mut state = None;
     if decide::needs_state(&run, &pods, &requests, now) {
         // Only a decision's application may use a cached state: it is guarded by the same
@@ -534,6 +541,9 @@ async fn apply(run: Arc<AgentRun>, ctx: &Arc<Context>) -> Result<Requeue, Reconc
         let fresh = match cached {
             Some(run) => run,
             None => {
+                // A state read from the API server can be large: few at once bound the memory
+                // they take, whatever the reconcile concurrency.
+                _state_read = ctx.state_reads.acquire().await.ok();
                 let api: Api<AgentRun> = Api::namespaced(ctx.client.clone(), &ns);
                 api.get(&run.name_any()).await?
             }
@@ -1497,7 +1507,10 @@ mod tests {
         assert!(!written.is_stale(&run("u1", "10")));
         written.wrote_over(&run("u1", "10"));
         assert!(written.is_stale(&run("u1", "10")));
-        assert!(!written.is_stale(&run("u1", "11")), "the watch delivered the write");
+        assert!(
+            !written.is_stale(&run("u1", "11")),
+            "the watch delivered the write"
+        );
         assert!(!written.is_stale(&run("u2", "10")), "another run");
     }
 

@@ -649,8 +649,19 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "3",
             "--retry-backoff-seconds",
             "5",
+            "--concurrency",
+            "64",
+            "--state-cache-mib",
+            "32",
         ]
     );
+    // The controller accepts exactly these arguments (args[0], "controller", stands as the name).
+    let command = <agentrun::cli::operator::ControllerArgs as clap::Args>::augment_args(
+        clap::Command::new("controller"),
+    );
+    if let Err(e) = command.try_get_matches_from(args.iter().copied()) {
+        panic!("the controller refuses the chart's arguments: {e}");
+    }
     for (name, field) in [
         ("POD_NAME", "metadata.name"),
         ("POD_NAMESPACE", "metadata.namespace"),

@@ -188,13 +188,42 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
             let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if let Err(error) = run_pod(client.clone(), &config, &pod, kill_rx).await {
                 warn!(pod = %name, %error, "dev kubelet could not run the pod");
-                let _ =
-                    write_terminated(&client, &pod, 128, "StartError", &error.to_string()).await;
+                let message = error.to_string();
+                let _ = with_retries("writing the StartError status", || {
+                    write_terminated(&client, &pod, 128, "StartError", &message)
+                })
+                .await;
             }
             running.lock().unwrap().remove(&uid);
         });
     }
     Ok(())
+}
+
+/// Retries an API call the way a kubelet's status manager does, so that an API server restart does
+/// not leave a Pod without its status (a Pod left Pending gets no new watch event to retry it).
+/// Gives up when the Pod is gone (404) or after two minutes.
+async fn with_retries<T, F, Fut>(what: &str, mut call: F) -> Result<T, DevKubeletError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, DevKubeletError>>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(DevKubeletError::Kube(kube::Error::Api(s))) if s.code == 404 => {
+                return Err(DevKubeletError::Kube(kube::Error::Api(s)));
+            }
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                warn!(%error, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 async fn run_pod(
@@ -223,7 +252,7 @@ async fn run_pod(
         .service_account_name
         .clone()
         .unwrap_or_else(|| "default".into());
-    let token = mint_token(&client, pod, &account).await?;
+    let token = with_retries("minting a token", || mint_token(&client, pod, &account)).await?;
     let kubeconfig = write_kubeconfig(&dir, &config.cluster, &account, &token)?;
     let mut command = command_for(config, &name, &container)?;
     for (key, value) in env_for(pod, &container)? {
@@ -242,7 +271,7 @@ async fn run_pod(
         source,
     })?;
     info!(pod = %format!("{ns}/{name}"), pid = child.id(), "started worker process");
-    write_running(&client, pod).await?;
+    with_retries("writing the Running status", || write_running(&client, pod)).await?;
 
     let mut stderr = child.stderr.take().expect("stderr is piped");
     let log_path = dir.join("stderr.log");
@@ -269,7 +298,10 @@ async fn run_pod(
         termination_message(&stderr)
     };
     let reason = if code == 0 { "Completed" } else { "Error" };
-    write_terminated(&client, pod, code, reason, &message).await?;
+    with_retries("writing the terminated status", || {
+        write_terminated(&client, pod, code, reason, &message)
+    })
+    .await?;
     info!(pod = %format!("{ns}/{name}"), exit_code = code, "worker process exited");
     Ok(())
 }

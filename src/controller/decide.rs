@@ -250,9 +250,14 @@ fn recheck_at_next_expiry(observed: &Observed<'_>, policy: &Policy) -> Action {
         .into_iter()
         .filter_map(expires_at)
         .min();
+    recheck_at(next, observed.now, policy)
+}
+
+/// Look again at `next` (an expiry), or wait for a change when there is none.
+fn recheck_at(next: Option<DateTime<Utc>>, now: DateTime<Utc>, policy: &Policy) -> Action {
     match next {
         Some(at) => Action::Recheck(
-            (at - observed.now)
+            (at - now)
                 .to_std()
                 .unwrap_or(policy.recheck)
                 .max(Duration::from_millis(200)),
@@ -540,15 +545,7 @@ fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Actio
     if decisions.len() == pending.len() {
         return Action::Resume { decisions };
     }
-    match next_expiry {
-        Some(at) => Action::Recheck(
-            (at - observed.now)
-                .to_std()
-                .unwrap_or(policy.recheck)
-                .max(Duration::from_millis(200)),
-        ),
-        None => Action::Wait,
-    }
+    recheck_at(next_expiry, observed.now, policy)
 }
 
 #[cfg(test)]

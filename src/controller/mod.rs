@@ -1395,7 +1395,9 @@ impl RecentlyRecorded {
     fn remember(&self, ns: &str, name: &str) {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
-        map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
+        if map.len() >= 1024 {
+            map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
+        }
         map.insert(format!("{ns}/{name}"), now);
     }
 
@@ -1406,7 +1408,8 @@ impl RecentlyRecorded {
 
     fn contains(&self, ns: &str, name: &str) -> bool {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.contains_key(&format!("{ns}/{name}"))
+        map.get(&format!("{ns}/{name}"))
+            .is_some_and(|at| at.elapsed() < Self::KEEP)
     }
 }
 

@@ -43,9 +43,9 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::crd::stored_state::StoredState;
 use crate::crd::{Agent, AgentRun, AgentRunPhase, ApprovalRequest};
 use crate::dev_kubelet::ClusterAccess;
-use crate::run_status::StoredState;
 use crate::state::RunState;
 use crate::state::pyjson::Value;
 
@@ -68,7 +68,7 @@ pub const TOOL_CALL_ID: &str = "call_1";
 /// The name of the benchmark's Agent in each namespace.
 pub const AGENT_NAME: &str = "bench";
 /// The `reportingController` of the Events the controller publishes.
-const EVENT_REPORTER: &str = crate::controller::FIELD_MANAGER;
+const EVENT_REPORTER: &str = crate::crd::keys::field_managers::CONTROLLER;
 /// Prefix of the benchmark's run names (`run-00042`).
 const RUN_PREFIX: &str = "run-";
 /// ConfigMaps the baseline patches (round robin).
@@ -2253,7 +2253,7 @@ async fn cycle(
     let mut approval_errors = Vec::new();
     for (run, result) in outcomes {
         match result {
-            Ok(at) => approvals.push((crate::crd::worker_pod_name(&run, 1), run, at)),
+            Ok(at) => approvals.push((crate::crd::worker_pod_name(&run, 1, 0), run, at)),
             Err(e) => approval_errors.push(format!("{run}: {e}")),
         }
     }
@@ -2424,22 +2424,22 @@ async fn idle(
                 let state = padded_state(template, &run.uid().unwrap_or_default(), target);
                 let stored = StoredState::encode(&state);
                 state_bytes.fetch_max(stored.bytes, Ordering::Relaxed);
-                let mut status = stored.status_fields();
-                status["phase"] = json!(AgentRunPhase::AwaitingApproval);
-                status["step"] = json!(0);
-                status["retries"] = json!(0);
-                status["pendingApprovals"] = json!(1);
-                status["startedAt"] = json!(Time(k8s_openapi::jiff::Timestamp::now()));
-                if let Some(creator) = run
-                    .annotations()
-                    .get(crate::controller::CREATED_BY_ANNOTATION)
-                {
-                    status["createdBy"] = json!(creator);
-                }
+                let status = crate::crd::status_patch::AgentRunStatusPatch {
+                    phase: Some(AgentRunPhase::AwaitingApproval),
+                    step: Some(0),
+                    retries: Some(0),
+                    pending_approvals: Some(1),
+                    started_at: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                    created_by: run
+                        .annotations()
+                        .get(crate::crd::keys::annotations::CREATED_BY)
+                        .cloned(),
+                    ..stored.status_patch()
+                };
                 runs.patch_status(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
+                    &Patch::Merge(crate::crd::status_patch::StatusPatch::unguarded(status)),
                 )
                 .await
                 .map_err(kube_error(format!("writing the status of {name}")))?;

@@ -3,11 +3,12 @@
 
 pub mod agent;
 pub mod bench;
+pub mod chunk_store;
 pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod dev_kubelet;
 pub mod plugin;
-pub mod run_status;
 pub mod state;
+pub mod time;
 pub mod worker;

@@ -13,16 +13,15 @@ use tokio::sync::Mutex;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::agent::{ApiKey, HookError, RunHooks, RunStatus, Runner, ToolCallGate, ToolCallStart};
+use crate::chunk_store;
+use crate::crd::keys::field_managers;
+use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
+use crate::crd::stored_state::{StoredState, StoredStateError};
 use crate::crd::{Agent, AgentRun, ToolCallRecord};
-use crate::run_status::{self, StoredState};
 use crate::state::RunState;
-
-/// The field manager of the worker's status writes.
-pub const FIELD_MANAGER: &str = "agentrun-worker";
 
 /// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
 /// message, which the controller copies into the run's condition.
@@ -47,7 +46,7 @@ pub enum WorkerError {
     },
     /// The stored RunState cannot be read.
     #[error("{0}")]
-    State(#[from] run_status::StoredStateError),
+    State(#[from] StoredStateError),
     /// The run moved on while this worker ran: its result is not written.
     #[error("the run is at step {current}, not step {expected}: this worker's result is discarded")]
     StaleStep {
@@ -122,7 +121,7 @@ pub async fn run_step(
     }
 
     let loaded_digest = status.run_state_digest.clone();
-    let mut state = match run_status::load(&client, &run).await? {
+    let mut state = match chunk_store::load(&client, &run).await? {
         Some(state) => state,
         None => RunState::new(
             run.uid().unwrap_or_default(),
@@ -172,12 +171,12 @@ async fn write_state(
     state: &RunState,
 ) -> Result<(), WorkerError> {
     let stored = StoredState::encode(state);
-    let mut status = stored.status_fields();
-    if let Some(output) = &state.final_output {
-        status["finalOutput"] = json!(output);
-    }
+    let status = AgentRunStatusPatch {
+        final_output: state.final_output.clone(),
+        ..stored.status_patch()
+    };
     let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
+        field_manager: Some(field_managers::WORKER.into()),
         ..Default::default()
     };
     for attempt in 0..5 {
@@ -191,12 +190,9 @@ async fn write_state(
             });
         }
         if attempt == 0 {
-            stored.write_chunks(client, &run).await?;
+            chunk_store::write(client, &run, &stored).await?;
         }
-        let patch = json!({
-            "metadata": {"resourceVersion": run.resource_version()},
-            "status": status,
-        });
+        let patch = StatusPatch::guarded(&status, run.resource_version());
         match runs
             .patch_status(name, &params, &Patch::Merge(&patch))
             .await
@@ -232,10 +228,13 @@ struct StartRecorder {
 impl StartRecorder {
     async fn save(&self, records: &[ToolCallRecord]) -> Result<(), HookError> {
         let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
+            field_manager: Some(field_managers::WORKER.into()),
             ..Default::default()
         };
-        let patch = json!({"status": {"toolCalls": records}});
+        let patch = StatusPatch::unguarded(AgentRunStatusPatch {
+            tool_calls: Some(records.to_vec()),
+            ..Default::default()
+        });
         self.runs
             .patch_status(&self.name, &params, &Patch::Merge(&patch))
             .await

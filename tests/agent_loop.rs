@@ -6,11 +6,11 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentrun::agent::spec::AgentSpec;
 use agentrun::agent::{
     Agent, AgentError, ApiKey, HookError, ModelError, RetryPolicy, RunError, RunHooks, RunOutcome,
     RunStatus, Runner, RunnerConfig, ToolCallGate, ToolCallStart,
 };
+use agentrun::crd::AgentSpec;
 use agentrun::state::{Approval, DEFAULT_REJECTION_MESSAGE, Rejection, RunState};
 use futures::future::BoxFuture;
 use serde_json::{Value as Json, json};

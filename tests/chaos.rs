@@ -290,7 +290,7 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
             tools.calls_with_key(&key)
         );
         // No decision lost: the audit entry is alice's.
-        let state = agentrun::run_status::load(&admin, &run)
+        let state = agentrun::chunk_store::load(&admin, &run)
             .await
             .unwrap()
             .unwrap();

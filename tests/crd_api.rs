@@ -361,7 +361,7 @@ async fn valid_objects_are_accepted_and_read_back() {
         step: Some(1),
         final_output: None,
         pending_approvals: Some(1),
-        worker_pod: Some(agentrun::crd::worker_pod_name("restart-web", 1)),
+        worker_pod: Some(agentrun::crd::worker_pod_name("restart-web", 1, 0)),
         started_at: Some(now()),
         tool_calls: vec![],
         run_state_chunks: None,

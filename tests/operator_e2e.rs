@@ -666,7 +666,7 @@ async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
     api.patch_status(
         "bad",
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"runState": garbage, "runStateDigest": agentrun::run_status::sha256_hex(garbage.as_bytes())}})),
+        &Patch::Merge(json!({"status": {"runState": garbage, "runStateDigest": agentrun::crd::stored_state::sha256_hex(garbage.as_bytes())}})),
     )
     .await
     .unwrap();
@@ -845,7 +845,7 @@ async fn a_non_idempotent_call_with_an_unknown_outcome_is_not_sent_again() {
     let condition = status
         .conditions
         .iter()
-        .find(|c| c.type_ == controller::TOOL_OUTCOME_UNKNOWN)
+        .find(|c| c.type_ == agentrun::crd::ConditionType::ToolOutcomeUnknown.as_ref())
         .expect("a condition says the outcome is unknown");
     assert!(
         condition.message.contains("call_1"),
@@ -931,7 +931,7 @@ async fn a_run_whose_history_grows_to_5_mib_finishes() {
         Some(agentrun::crd::RunStateEncoding::GzipBase64Chunks)
     );
     let client = cp.client(Identity::Admin).await;
-    let state = agentrun::run_status::load(&client, &done)
+    let state = agentrun::chunk_store::load(&client, &done)
         .await
         .unwrap()
         .unwrap();

@@ -1,7 +1,7 @@
 //! The agent loop: a declarative agent, its model and tools, and the runner that halts for approval.
 //!
-//! - [`spec`]: the declarative shape a user writes (YAML/JSON locally, `Agent` custom resource).
-//! - [`Agent`]: a validated agent built from an [`AgentSpec`](spec::AgentSpec).
+//! - [`Agent`]: a validated agent built from an [`AgentSpec`](crate::crd::AgentSpec), the
+//!   declarative shape a user writes (YAML/JSON locally, the `Agent` custom resource).
 //! - [`model`]: the model providers (OpenAI-compatible HTTP API, scripted turns).
 //! - [`tool`]: HTTP tools and argument validation.
 //! - [`runner`]: the loop itself, [`Runner`], which halts when a tool call needs a person's
@@ -10,7 +10,6 @@
 mod http;
 pub mod model;
 pub mod runner;
-pub mod spec;
 pub mod tool;
 
 use std::collections::HashSet;
@@ -23,7 +22,8 @@ pub use runner::{
 };
 pub use tool::Tool;
 
-use spec::{AgentSpec, DEFAULT_MAX_TURNS};
+use crate::crd::AgentSpec;
+use crate::crd::agent::DEFAULT_MAX_TURNS;
 
 /// Errors loading or validating an agent definition.
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::AgentError;
 use super::http::{error_chain, excerpt, read_body_limited};
-use super::spec::{ModelSpec, ScriptedModel, SecretKeyRef};
 use super::tool::Tool;
+use crate::crd::{ModelSpec, ScriptedModel, SecretKeyRef};
 use crate::state::pyjson::{self, Value};
 
 /// Seconds to wait for one model response when `model.timeoutSeconds` is not set.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::AgentError;
 use super::http::{error_chain, excerpt, read_body_limited};
-use super::spec::ToolSpec;
+use crate::crd::ToolSpec;
 
 /// Seconds to wait for a tool's response when `http.timeoutSeconds` is not set.
 pub const DEFAULT_TOOL_TIMEOUT_SECONDS: u32 = 30;

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use kube::Client;
 use kube::config::Kubeconfig;
 
-use crate::controller::{ControllerConfig, worker_pod::WorkerSettings};
+use crate::controller::{ControllerConfig, WorkerSettings};
 use crate::dev_kubelet::{ClusterAccess, DevKubeletConfig};
 
 /// Log output format.
@@ -143,7 +143,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         let config = ControllerConfig {
             namespace: args.namespace,
             worker,
-            policy: crate::controller::decide::Policy {
+            policy: crate::controller::Policy {
                 max_retries: args.max_retries,
                 retry_backoff: std::time::Duration::from_secs_f64(
                     args.retry_backoff_seconds.max(0.0),

@@ -1,20 +1,22 @@
 //! The status of `Agent`s: their tool names (shown by `kubectl get agents`) and whether their
-//! spec is one a worker can run, written by the controller as it sees each Agent change.
+//! spec is one a worker can run, kept by a controller of its own.
 //!
-//! The desired status is a pure function of the Agent ([`desired_status`]); the writer patches it
-//! only when it differs from what the Agent already holds.
+//! The desired status is a pure function of the Agent ([`desired_status`]); [`reconcile`] patches
+//! it only when it differs from what the Agent already holds, and a failed write is retried.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::sync::Arc;
+use std::time::Duration;
+
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
-use serde_json::json;
-use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::crd::{Agent, AgentStatus, ConditionStatus, find_condition, new_condition};
-
-/// The condition type saying whether the Agent's spec can be run.
-pub const READY: &str = "Ready";
+use crate::crd::keys::field_managers;
+use crate::crd::status_patch::StatusPatch;
+use crate::crd::{
+    Agent, AgentStatus, ConditionStatus, ConditionType, Reason, find_condition, new_condition,
+};
 
 /// The status the controller wants an Agent to show.
 pub fn desired_status(agent: &Agent) -> AgentStatus {
@@ -23,23 +25,23 @@ pub fn desired_status(agent: &Agent) -> AgentStatus {
         match crate::agent::Agent::from_spec_with_name(&agent.name_any(), &agent.spec) {
             Ok(_) => (
                 ConditionStatus::True,
-                "Valid",
+                Reason::Valid,
                 format!(
                     "{} tool(s); runs can use this agent",
                     agent.spec.tools.len()
                 ),
             ),
-            Err(e) => (ConditionStatus::False, "InvalidSpec", e.to_string()),
+            Err(e) => (ConditionStatus::False, Reason::InvalidSpec, e.to_string()),
         };
     crate::crd::set_condition(
         &mut status.conditions,
         new_condition(
-            READY,
+            ConditionType::Ready,
             condition_status,
             reason,
             &message,
             agent.metadata.generation,
-            Time(k8s_openapi::jiff::Timestamp::now()),
+            crate::time::to_k8s(chrono::Utc::now()),
         ),
     );
     status.observed_generation = agent.metadata.generation;
@@ -52,8 +54,8 @@ pub fn needs_update(agent: &Agent) -> bool {
     let current = agent.status.clone().unwrap_or_default();
     let desired = desired_status(agent);
     let same_condition = match (
-        find_condition(&current.conditions, READY),
-        find_condition(&desired.conditions, READY),
+        find_condition(&current.conditions, ConditionType::Ready),
+        find_condition(&desired.conditions, ConditionType::Ready),
     ) {
         (Some(a), Some(b)) => {
             a.status == b.status
@@ -68,44 +70,58 @@ pub fn needs_update(agent: &Agent) -> bool {
         || current.tool_names != desired.tool_names
 }
 
-/// Writes Agent statuses sent on a channel, one at a time (Agents change rarely).
-pub fn spawn_writer(client: Client) -> (mpsc::UnboundedSender<Agent>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Agent>();
-    let task = tokio::spawn(async move {
-        while let Some(agent) = rx.recv().await {
-            let Some(ns) = agent.namespace() else {
-                continue;
-            };
-            let status = desired_status(&agent);
-            let patch = json!({
-                "metadata": {"resourceVersion": agent.resource_version()},
-                "status": status,
-            });
-            let params = PatchParams {
-                field_manager: Some(super::FIELD_MANAGER.into()),
-                ..Default::default()
-            };
-            let api: Api<Agent> = Api::namespaced(client.clone(), &ns);
-            match api
-                .patch_status(&agent.name_any(), &params, &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {}
-                // Changed since: the watch brings the newer Agent.
-                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
-                Err(error) => {
-                    warn!(agent = %agent.name_any(), %ns, %error, "could not write the Agent's status")
-                }
-            }
+/// What the Agents' status controller shares.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+}
+
+/// Errors writing an Agent's status.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentStatusError {
+    /// A Kubernetes API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Writes the Agent's status when it differs from [`desired_status`], guarded by the Agent's
+/// resourceVersion (a newer Agent is reconciled again when the watch brings it).
+pub async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, AgentStatusError> {
+    let Some(ns) = agent.namespace() else {
+        return Ok(Action::await_change());
+    };
+    if !needs_update(&agent) {
+        return Ok(Action::await_change());
+    }
+    let patch = StatusPatch::guarded(desired_status(&agent), agent.resource_version());
+    let params = PatchParams {
+        field_manager: Some(field_managers::CONTROLLER.into()),
+        ..Default::default()
+    };
+    let api: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
+    match api
+        .patch_status(&agent.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        // Changed or deleted since: the watch brings the newer Agent.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+        other => {
+            other?;
         }
-    });
-    (tx, task)
+    }
+    Ok(Action::await_change())
+}
+
+/// Retries a failed status write after a few seconds.
+pub fn error_policy(agent: Arc<Agent>, error: &AgentStatusError, _: Arc<Context>) -> Action {
+    warn!(agent = %agent.name_any(), %error, "could not write the Agent's status");
+    Action::requeue(Duration::from_secs(5))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::spec::AgentSpec;
+    use crate::crd::AgentSpec;
 
     fn agent(yaml: &str) -> Agent {
         let spec: AgentSpec = serde_yaml_ng::from_str(yaml).unwrap();
@@ -130,7 +146,7 @@ tools:
         let status = desired_status(&a);
         assert_eq!(status.tool_names.as_deref(), Some("delete_user,lookup"));
         assert_eq!(status.observed_generation, Some(3));
-        let ready = find_condition(&status.conditions, READY).unwrap();
+        let ready = find_condition(&status.conditions, ConditionType::Ready).unwrap();
         assert_eq!(ready.reason, "Valid");
         a.status = Some(status);
         assert!(!needs_update(&a), "written once, then left alone");
@@ -142,7 +158,7 @@ tools:
     fn an_invalid_agent_says_why() {
         let a = agent(&VALID.replace("lookup, description", "delete_user, description"));
         let status = desired_status(&a);
-        let ready = find_condition(&status.conditions, READY).unwrap();
+        let ready = find_condition(&status.conditions, ConditionType::Ready).unwrap();
         assert_eq!(ready.reason, "InvalidSpec");
         assert!(
             ready.message.contains("duplicate tool name"),

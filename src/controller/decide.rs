@@ -1,6 +1,6 @@
-//! The pure part of a reconcile: from what was observed (the run, its Agent, its worker Pods and
-//! ApprovalRequests, and its RunState when needed) to the one next action. No I/O here, so every
-//! branch is unit-tested with plain fixtures.
+//! The first half of planning, pure: from what was observed (the run, its Agent, its worker Pods
+//! and ApprovalRequests, and its RunState when needed) to the one next [`Action`]. The
+//! [`plan`](super::plan) turns the action into the writes that carry it out.
 
 use std::time::Duration;
 
@@ -8,10 +8,13 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use super::observe::Observed;
 use crate::crd::{
-    AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Decision, approval_request_name,
+    AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Decision, Reason,
+    approval_request_name, worker_pod_name,
 };
-use crate::state::{DeferredToolCall, RunState, pyjson};
+use crate::state::{DeferredToolCall, RunState};
+use crate::time::from_k8s;
 
 /// Settings of the decision step.
 #[derive(Clone, Debug)]
@@ -33,26 +36,6 @@ impl Default for Policy {
             recheck: Duration::from_secs(30),
         }
     }
-}
-
-/// What the controller observed about one run.
-#[derive(Clone, Debug)]
-pub struct Observed<'a> {
-    /// The run (its `status.runState` may be stripped).
-    pub run: &'a AgentRun,
-    /// Whether the run's Agent exists.
-    pub agent_found: bool,
-    /// Approval timeouts of the Agent's tools, by tool name.
-    pub approval_timeouts: &'a std::collections::BTreeMap<String, Duration>,
-    /// The run's worker Pods.
-    pub pods: &'a [Pod],
-    /// The run's ApprovalRequests.
-    pub requests: &'a [ApprovalRequest],
-    /// The run's RunState, when the step needs it (see [`needs_state`]); `Err` holds why it could
-    /// not be read.
-    pub state: Option<Result<&'a RunState, String>>,
-    /// The time of the observation.
-    pub now: DateTime<Utc>,
 }
 
 /// How a worker Pod ended, or that it has not yet.
@@ -169,8 +152,8 @@ pub enum Action {
     },
     /// The run failed for good.
     Fail {
-        /// A CamelCase reason for the condition.
-        reason: &'static str,
+        /// The condition's reason.
+        reason: Reason,
         /// What went wrong, for people.
         message: String,
     },
@@ -240,13 +223,13 @@ fn expires_at(request: &ApprovalRequest) -> Option<DateTime<Utc>> {
         .status
         .as_ref()
         .and_then(|s| s.expires_at.as_ref())
-        .map(|t| to_chrono(&t.0))
+        .map(from_k8s)
 }
 
 /// A waiting run whose state was not read (nothing to decide yet): look again when the first
 /// open request expires, otherwise wait for a change.
-fn recheck_at_next_expiry(observed: &Observed<'_>, policy: &Policy) -> Action {
-    let next = open_requests(observed.run, observed.requests)
+fn recheck_at_next_expiry(observed: &Observed, policy: &Policy) -> Action {
+    let next = open_requests(&observed.run, &observed.requests)
         .into_iter()
         .filter_map(expires_at)
         .min();
@@ -263,38 +246,6 @@ fn recheck_at(next: Option<DateTime<Utc>>, now: DateTime<Utc>, policy: &Policy) 
                 .max(Duration::from_millis(200)),
         ),
         None => Action::Wait,
-    }
-}
-
-/// The requests of earlier steps of this run that a person decided but whose status still says
-/// Pending: the resume that applied them stopped before recording them (its run patch, the proof
-/// that the decision was applied, came first).
-pub fn unrecorded_decisions<'a>(
-    run: &AgentRun,
-    requests: &'a [ApprovalRequest],
-) -> Vec<&'a ApprovalRequest> {
-    let step = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
-    let uid = run.uid().unwrap_or_default();
-    requests
-        .iter()
-        .filter(|r| r.spec.step < step && r.spec.agent_run_ref.uid == uid)
-        .filter(|r| r.spec.decision.is_some())
-        .filter(|r| {
-            r.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_none_or(|p| p == ApprovalPhase::Pending)
-        })
-        .collect()
-}
-
-/// The worker Pod name of a step's attempt: `<run>-step-<n>`, then `-r<k>` for retries.
-pub fn worker_pod_name(run: &str, step: u32, attempt: u32) -> String {
-    let base = crate::crd::worker_pod_name(run, step);
-    if attempt == 0 {
-        base
-    } else {
-        format!("{base}-r{attempt}")
     }
 }
 
@@ -331,7 +282,7 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
                     } else {
                         format!("the worker exited with code {code}: {}", text.trim())
                     };
-                    (text, t.finished_at.map(|t| to_chrono(&t.0)))
+                    (text, t.finished_at.as_ref().map(from_k8s))
                 }
                 None => (
                     status
@@ -349,20 +300,15 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
     }
 }
 
-fn to_chrono(ts: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32)
-        .unwrap_or_default()
-}
-
 /// The next action for a run.
-pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
-    let run = observed.run;
+pub fn decide(observed: &Observed, policy: &Policy) -> Action {
+    let run = &observed.run;
     let status = run.status.clone().unwrap_or_default();
     let phase = status.phase;
     if phase.is_some_and(AgentRunPhase::is_terminal) {
         return Action::Wait;
     }
-    if !observed.agent_found {
+    if observed.agent.is_none() {
         return Action::AgentMissing;
     }
     let step = status.step.unwrap_or(0);
@@ -371,7 +317,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
         None | Some(AgentRunPhase::Pending) => Action::StartStep { step, attempt },
         Some(AgentRunPhase::Running) => {
             let name = worker_pod_name(&run.name_any(), step, attempt);
-            match pod_outcome(find_pod(observed.pods, &name)) {
+            match pod_outcome(find_pod(&observed.pods, &name)) {
                 PodOutcome::Missing => Action::CreatePod { step, attempt },
                 PodOutcome::InProgress => Action::Wait,
                 PodOutcome::Failed {
@@ -380,7 +326,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
                 } => {
                     if attempt >= policy.max_retries {
                         return Action::Fail {
-                            reason: "WorkerFailed",
+                            reason: Reason::WorkerFailed,
                             message: format!(
                                 "step {step} failed {} times; last error: {message}",
                                 attempt + 1
@@ -402,7 +348,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
                 PodOutcome::Succeeded => match &observed.state {
                     None => Action::Wait,
                     Some(Err(why)) => Action::Fail {
-                        reason: "InvalidRunState",
+                        reason: Reason::InvalidRunState,
                         message: why.clone(),
                     },
                     Some(Ok(state)) => after_step(observed, state),
@@ -412,7 +358,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
         Some(AgentRunPhase::AwaitingApproval) => match &observed.state {
             None => recheck_at_next_expiry(observed, policy),
             Some(Err(why)) => Action::Fail {
-                reason: "InvalidRunState",
+                reason: Reason::InvalidRunState,
                 message: why.clone(),
             },
             Some(Ok(state)) => awaiting(observed, state, policy),
@@ -422,7 +368,7 @@ pub fn decide(observed: &Observed<'_>, policy: &Policy) -> Action {
 }
 
 /// The worker of the current step exited 0: what its RunState says happened.
-fn after_step(observed: &Observed<'_>, state: &RunState) -> Action {
+fn after_step(observed: &Observed, state: &RunState) -> Action {
     if let Some(output) = &state.final_output {
         return Action::Succeed {
             output: output.clone(),
@@ -432,14 +378,14 @@ fn after_step(observed: &Observed<'_>, state: &RunState) -> Action {
         return awaiting_requests(observed, state);
     }
     Action::Fail {
-        reason: "NoResult",
+        reason: Reason::NoResult,
         message:
             "the worker exited successfully but its RunState neither finished nor awaits approval"
                 .into(),
     }
 }
 
-fn awaiting_requests(observed: &Observed<'_>, state: &RunState) -> Action {
+fn awaiting_requests(observed: &Observed, state: &RunState) -> Action {
     let run_name = observed.run.name_any();
     let pending = state.pending_approvals();
     let create = pending
@@ -451,8 +397,8 @@ fn awaiting_requests(observed: &Observed<'_>, state: &RunState) -> Action {
         .map(|call| NewRequest {
             name: approval_request_name(&run_name, &call.tool_call_id),
             call: (*call).clone(),
-            arguments: call_arguments(call),
-            expires_at: observed.approval_timeouts.get(&call.tool_name).map(|&t| {
+            arguments: call.arguments_json(),
+            expires_at: observed.approval_timeout(&call.tool_name).map(|t| {
                 observed.now
                     + chrono::Duration::from_std(t)
                         .unwrap_or_else(|_| chrono::Duration::days(36500))
@@ -465,17 +411,12 @@ fn awaiting_requests(observed: &Observed<'_>, state: &RunState) -> Action {
     }
 }
 
-/// The call's arguments as the ApprovalRequest carries them: the stored JSON, byte for byte.
-pub fn call_arguments(call: &DeferredToolCall) -> String {
-    pyjson::dumps(&call.args).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Action {
+fn awaiting(observed: &Observed, state: &RunState, policy: &Policy) -> Action {
     let pending = state.pending_approvals();
     if pending.is_empty() {
         // Decisions were applied but the next step was not recorded: nothing to wait for.
         return Action::Fail {
-            reason: "InvalidRunState",
+            reason: Reason::InvalidRunState,
             message: "the run awaits approval but its RunState has no pending tool call".into(),
         };
     }
@@ -495,7 +436,7 @@ fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Actio
             return awaiting_requests(observed, state);
         };
         let spec = &request.spec;
-        let expected_digest = crate::crd::arguments_digest(&call_arguments(call));
+        let expected_digest = crate::crd::arguments_digest(&call.arguments_json());
         let superseded = if spec.agent_run_ref.uid != uid {
             Some(format!(
                 "it names run uid {} but the run is {uid}",
@@ -551,37 +492,18 @@ fn awaiting(observed: &Observed<'_>, state: &RunState, policy: &Policy) -> Actio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{
-        AgentRef, AgentRunRef, AgentRunSpec, AgentRunStatus, ApprovalRequestSpec,
-        ApprovalRequestStatus,
-    };
-    use crate::state::{Approval, DeferredToolRequests};
+    use crate::crd::halted_state;
+    use crate::state::Approval;
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
     };
     use kube::api::ObjectMeta;
 
-    static NO_TIMEOUTS: std::collections::BTreeMap<String, Duration> =
-        std::collections::BTreeMap::new();
-
     fn run(phase: Option<AgentRunPhase>, step: u32, retries: u32) -> AgentRun {
-        let mut run = AgentRun::new(
-            "r1",
-            AgentRunSpec {
-                agent_ref: AgentRef { name: "ops".into() },
-                input: "Delete user u-1".into(),
-                worker: None,
-            },
-        );
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("uid-1".into());
-        run.status = Some(AgentRunStatus {
-            phase,
-            step: Some(step),
-            retries: Some(retries),
-            ..Default::default()
-        });
-        run
+        AgentRun::test()
+            .in_phase(phase)
+            .at_step(step)
+            .with_retries(retries)
     }
 
     fn pod(name: &str, phase: &str, exit: Option<(i32, &str)>) -> Pod {
@@ -612,59 +534,21 @@ mod tests {
         }
     }
 
-    fn halted_state() -> RunState {
-        let mut state = RunState::new("uid-1", "ops", "Delete user u-1");
-        state.deferred_tool_requests = DeferredToolRequests {
-            calls: vec![],
-            approvals: vec![DeferredToolCall {
-                tool_call_id: "call_1".into(),
-                tool_name: "delete_user".into(),
-                args: pyjson::loads(r#"{"user_id": "u-1"}"#).unwrap(),
-            }],
-        };
-        state
-    }
-
     fn request(state: &RunState, decision: Option<Decision>) -> ApprovalRequest {
-        let call = &state.deferred_tool_requests.approvals[0];
-        let arguments = call_arguments(call);
-        let mut r = ApprovalRequest::new(
-            &approval_request_name("r1", &call.tool_call_id),
-            ApprovalRequestSpec {
-                agent_run_ref: AgentRunRef {
-                    name: "r1".into(),
-                    uid: "uid-1".into(),
-                },
-                step: 0,
-                tool_call_id: call.tool_call_id.clone(),
-                tool_name: call.tool_name.clone(),
-                arguments_digest: crate::crd::arguments_digest(&arguments),
-                arguments,
-                run_creator: None,
-                decision,
-                approver_id: decision.map(|_| "alice@example.com".into()),
-                reason: decision.map(|_| "CR-1234".into()),
-                message: None,
-            },
-        );
-        r.status = Some(ApprovalRequestStatus::default());
-        r
+        ApprovalRequest::test_for(state, decision)
     }
 
-    fn observe<'a>(
-        run: &'a AgentRun,
-        pods: &'a [Pod],
-        requests: &'a [ApprovalRequest],
-        state: Option<Result<&'a RunState, String>>,
-    ) -> Observed<'a> {
+    fn observe(
+        run: &AgentRun,
+        pods: &[Pod],
+        requests: &[ApprovalRequest],
+        state: Option<Result<&RunState, String>>,
+    ) -> Observed {
         Observed {
-            run,
-            agent_found: true,
-            approval_timeouts: &NO_TIMEOUTS,
-            pods,
-            requests,
-            state,
-            now: Utc::now(),
+            pods: pods.to_vec(),
+            requests: requests.to_vec(),
+            state: state.map(|s| s.cloned()),
+            ..Observed::of(run.clone())
         }
     }
 
@@ -686,7 +570,7 @@ mod tests {
     fn a_missing_agent_is_reported_not_failed() {
         let r = run(None, 0, 0);
         let mut o = observe(&r, &[], &[], None);
-        o.agent_found = false;
+        o.agent = None;
         assert_eq!(decide(&o, &Policy::default()), Action::AgentMissing);
     }
 
@@ -750,7 +634,7 @@ mod tests {
         )];
         match decide(&observe(&r, &failed, &[], None), &policy) {
             Action::Fail { reason, message } => {
-                assert_eq!(reason, "WorkerFailed");
+                assert_eq!(reason, Reason::WorkerFailed);
                 assert!(message.contains("model endpoint unreachable"), "{message}");
             }
             other => panic!("expected Fail, got {other:?}"),
@@ -816,26 +700,6 @@ mod tests {
     }
 
     #[test]
-    fn decisions_applied_but_not_recorded_are_found() {
-        let halted = halted_state();
-        let mut r = run(Some(AgentRunPhase::Running), 1, 0);
-        let decided = request(&halted, Some(Decision::Approved));
-        assert_eq!(
-            unrecorded_decisions(&r, std::slice::from_ref(&decided)).len(),
-            1
-        );
-        let mut recorded = decided.clone();
-        recorded.status.as_mut().unwrap().phase = Some(ApprovalPhase::Approved);
-        let undecided = request(&halted, None);
-        let mut other_run = decided.clone();
-        other_run.spec.agent_run_ref.uid = "uid-2".into();
-        assert!(unrecorded_decisions(&r, &[recorded, undecided, other_run]).is_empty());
-        // The current step's decisions are the resume's to apply, not a repair's.
-        r.status.as_mut().unwrap().step = Some(0);
-        assert!(unrecorded_decisions(&r, &[decided]).is_empty());
-    }
-
-    #[test]
     fn backoff_waits_before_the_retry() {
         let r = run(Some(AgentRunPhase::Running), 0, 0);
         let failed = [pod("r1-step-0", "Failed", Some((1, "boom")))];
@@ -891,7 +755,7 @@ mod tests {
         assert!(matches!(
             malformed,
             Action::Fail {
-                reason: "InvalidRunState",
+                reason: Reason::InvalidRunState,
                 ..
             }
         ));
@@ -1010,7 +874,9 @@ mod tests {
         use proptest::prelude::*;
 
         fn phase() -> impl Strategy<Value = Option<AgentRunPhase>> {
-            prop::option::of(prop::sample::select(AgentRunPhase::ALL.to_vec()))
+            prop::option::of(prop::sample::select(
+                <AgentRunPhase as strum::VariantArray>::VARIANTS.to_vec(),
+            ))
         }
 
         fn pod_phase() -> impl Strategy<Value = Option<&'static str>> {
@@ -1064,7 +930,9 @@ mod tests {
                 }
                 let requests: Vec<ApprovalRequest> = with_request.then_some(req.clone()).into_iter().collect();
                 let mut o = observe(&r, &pods, &requests, state);
-                o.agent_found = agent_found;
+                if !agent_found {
+                    o.agent = None;
+                }
                 let action = decide(&o, &Policy::default());
                 if let Action::Resume { decisions } = &action {
                     for d in decisions {

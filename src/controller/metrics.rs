@@ -120,7 +120,7 @@ impl Metrics {
 
     /// Sets the gauges from the caches and renders the registry.
     pub fn render(&self, runs: &Store<AgentRun>, requests: &Store<ApprovalRequest>) -> String {
-        for phase in AgentRunPhase::ALL {
+        for &phase in <AgentRunPhase as strum::VariantArray>::VARIANTS {
             let count = runs
                 .state()
                 .iter()

@@ -1,10 +1,238 @@
-//! The `Agent` custom resource. Its spec is the declarative agent,
-//! [`AgentSpec`](crate::agent::spec::AgentSpec), on which the resource type is derived; this
-//! module holds its status.
+//! The `Agent` custom resource: the declarative agent (its instructions, the model it talks to
+//! and the tools it may call), which is also the shape a user writes in YAML or JSON for a local
+//! run, and its status. Field docs become the CRD's schema descriptions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// Default number of model turns before a run fails with `MaxTurnsExceeded`.
+pub const DEFAULT_MAX_TURNS: u32 = 20;
+
+/// A declarative agent: its instructions, the model it talks to and the tools it may call.
+// It is also the `spec` of the `Agent` custom resource (`agentrun.dev/v1alpha1`, short name `agt`),
+// derived here.
+#[derive(
+    Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, kube::CustomResource,
+)]
+// The printer columns repeat `type_ = "string"`, which clippy takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[kube(
+    group = "agentrun.dev",
+    version = "v1alpha1",
+    kind = "Agent",
+    namespaced,
+    shortname = "agt",
+    category = "agentrun-all",
+    status = "crate::crd::AgentStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    label("app.kubernetes.io/part-of", "agentrun"),
+    doc = "An agent: the instructions, model and tools that AgentRuns of this namespace run with.",
+    printcolumn(
+        name = "Model",
+        type_ = "string",
+        json_path = ".spec.model.name",
+        description = "The model name sent in each request"
+    ),
+    printcolumn(
+        name = "Tools",
+        type_ = "string",
+        json_path = ".status.toolNames",
+        description = "The tools the model may call"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentSpec {
+    /// The agent's name when the spec is used outside Kubernetes; the `Agent` resource uses its
+    /// `metadata.name` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub name: Option<String>,
+    /// The system instructions sent to the model before the conversation on every turn.
+    #[serde(default)]
+    #[schemars(length(max = 65536))]
+    pub instructions: String,
+    /// The model endpoint: an OpenAI-compatible chat-completions API, or the built-in scripted
+    /// provider for demos and tests.
+    pub model: ModelSpec,
+    /// The tools the model may call.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub tools: Vec<ToolSpec>,
+    /// The most model turns one run may take before it fails (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_turns: Option<u32>,
+    /// Approval settings that apply to every run of this agent (separation of duties).
+    #[serde(default, skip_serializing_if = "ApprovalSettings::is_default")]
+    pub approvals: ApprovalSettings,
+}
+
+/// Approval settings of an agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalSettings {
+    /// Separation of duties: the person who created a run may not approve or reject that run's
+    /// approval requests unless this is true (default false).
+    #[serde(default)]
+    pub allow_self_approval: bool,
+}
+
+impl ApprovalSettings {
+    /// True when every setting has its default value (so it is left out when serialized).
+    pub fn is_default(&self) -> bool {
+        *self == ApprovalSettings::default()
+    }
+}
+
+/// Which model the agent talks to. Exactly one of `baseUrl` (with `name`) or `scripted` is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Base URL of an OpenAI-compatible API, e.g. `https://api.openai.com/v1`; the runner POSTs to
+    /// `{baseUrl}/chat/completions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub base_url: Option<String>,
+    /// The model name sent in each request, e.g. `gpt-4o-mini`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub name: Option<String>,
+    /// Local runs only: the environment variable holding the API key (sent as a bearer token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub api_key_env: Option<String>,
+    /// In a cluster: the Secret key holding the API key. The worker reads it; it is never copied
+    /// into any status, Event or log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeyRef>,
+    /// Seconds to wait for one model response (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<u32>,
+    /// Retries on 429 and 5xx responses and connection errors, with exponential backoff (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10))]
+    pub max_retries: Option<u32>,
+    /// For demos and tests only: a fixed list of assistant turns played back in order instead of
+    /// calling a model. The turn played is the number of assistant messages already in the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripted: Option<ScriptedModel>,
+}
+
+/// A reference to one key of a Secret in the agent's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key inside the Secret's data.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// A scripted model: the assistant turns it answers with, in order. For demos and tests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptedModel {
+    /// The assistant turns, played in order.
+    #[schemars(length(max = 1000))]
+    pub turns: Vec<ScriptedTurn>,
+}
+
+/// One scripted assistant turn: text, tool calls, or both.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptedTurn {
+    /// The assistant's text. A turn without tool calls ends the run with this as its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Tool calls the assistant makes in this turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ScriptedToolCall>,
+}
+
+/// One scripted tool call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptedToolCall {
+    /// The tool call id the model would have chosen, e.g. `call_1`.
+    #[schemars(length(min = 1, max = 128))]
+    pub id: String,
+    /// The name of the tool to call.
+    #[schemars(length(min = 1, max = 64))]
+    pub name: String,
+    /// The call's arguments, a JSON object.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::crd::agent::any_json_object")]
+    pub arguments: serde_json::Value,
+}
+
+/// A tool the model may call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolSpec {
+    /// The tool's name as the model sees it (letters, digits, `_` and `-`).
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9_-]+$"))]
+    pub name: String,
+    /// What the tool does, shown to the model.
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    pub description: String,
+    /// JSON Schema of the tool's arguments. Arguments that fail it go back to the model as an
+    /// error result and never reach the tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::agent::any_json_object_opt")]
+    pub parameters: Option<serde_json::Value>,
+    /// When true, each call of this tool halts the run until a person approves or rejects it.
+    #[serde(default)]
+    pub requires_approval: bool,
+    /// How long a call may wait for a decision before it expires and is treated as rejected,
+    /// e.g. `30m` or `24h`. Unset: no expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(s|m|h))+$"))]
+    pub approval_timeout: Option<String>,
+    /// Whether calling the tool twice with the same `Idempotency-Key` is safe (default true).
+    /// A call of a non-idempotent tool whose outcome is unknown after a crash is not re-sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// The HTTP endpoint implementing the tool.
+    pub http: HttpTool,
+}
+
+/// An HTTP tool: the runner POSTs the JSON arguments with an `Idempotency-Key: <tool_call_id>`
+/// header; the response body is the tool result.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpTool {
+    /// The URL to POST to.
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// Seconds to wait for the tool's response (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// Schema for a free-form JSON object that the API server keeps as written.
+pub fn any_json_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Like [`any_json_object`], for an optional field.
+pub fn any_json_object_opt(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    any_json_object(generator)
+}
 
 /// The observed state of an Agent, written by the controller. Secrets the agent references are
 /// never copied here.
@@ -29,7 +257,7 @@ pub struct AgentStatus {
 
 impl AgentStatus {
     /// The `toolNames` value for a spec: its tool names joined with `,`, cut to the schema bound.
-    pub fn tool_names_of(spec: &crate::agent::spec::AgentSpec) -> String {
+    pub fn tool_names_of(spec: &AgentSpec) -> String {
         let mut names = spec
             .tools
             .iter()
@@ -53,8 +281,7 @@ pub const MAX_TOOL_NAMES_LENGTH: usize = 8192;
 #[cfg(test)]
 mod tests {
     use super::AgentStatus;
-    use crate::agent::spec::{AgentSpec, ApprovalSettings};
-    use crate::crd::Agent;
+    use super::{Agent, AgentSpec, ApprovalSettings};
 
     #[test]
     fn an_agent_reads_from_yaml_with_its_approval_settings() {
@@ -68,7 +295,7 @@ mod tests {
 
     #[test]
     fn tool_names_are_joined_and_bounded() {
-        use crate::agent::spec::ToolSpec;
+        use super::ToolSpec;
         let tool = |name: &str| ToolSpec {
             name: name.into(),
             ..Default::default()

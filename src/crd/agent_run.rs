@@ -1,7 +1,6 @@
 //! The `AgentRun` custom resource: one run of an agent, from its input to its final output,
 //! including every halt for approval. Its status holds the serialized `RunState`.
 
-use std::fmt;
 use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -201,7 +200,21 @@ pub struct ToolCallRecord {
 }
 
 /// Where a run is in its lifecycle.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[schemars(transform = super::field_docs_only)]
 pub enum AgentRunPhase {
     /// Accepted; no worker Pod has started yet.
@@ -220,26 +233,9 @@ pub enum AgentRunPhase {
 }
 
 impl AgentRunPhase {
-    /// Every phase, in lifecycle order.
-    pub const ALL: [AgentRunPhase; 6] = [
-        AgentRunPhase::Pending,
-        AgentRunPhase::Running,
-        AgentRunPhase::AwaitingApproval,
-        AgentRunPhase::Succeeded,
-        AgentRunPhase::Failed,
-        AgentRunPhase::Cancelled,
-    ];
-
     /// The phase as written in `status.phase`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            AgentRunPhase::Pending => "Pending",
-            AgentRunPhase::Running => "Running",
-            AgentRunPhase::AwaitingApproval => "AwaitingApproval",
-            AgentRunPhase::Succeeded => "Succeeded",
-            AgentRunPhase::Failed => "Failed",
-            AgentRunPhase::Cancelled => "Cancelled",
-        }
+        self.into()
     }
 
     /// True for Succeeded, Failed and Cancelled: the run will not change any more.
@@ -251,58 +247,52 @@ impl AgentRunPhase {
     }
 }
 
-impl fmt::Display for AgentRunPhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 impl FromStr for AgentRunPhase {
     type Err = CrdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AgentRunPhase::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| CrdError::UnknownValue {
-                field: "AgentRun status.phase",
-                value: s.to_owned(),
-                expected: "Pending, Running, AwaitingApproval, Succeeded, Failed or Cancelled",
-            })
+        super::parse_value("AgentRun status.phase", s)
     }
 }
 
 /// How `status.runState` is encoded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[schemars(transform = super::field_docs_only)]
 pub enum RunStateEncoding {
     /// The RunState's JSON text as is.
     #[default]
     #[serde(rename = "json")]
+    #[strum(serialize = "json")]
     Json,
     /// The JSON text gzip-compressed, then base64-encoded (states above 256 KiB).
     #[serde(rename = "gzip+base64")]
+    #[strum(serialize = "gzip+base64")]
     GzipBase64,
     /// gzip then base64, too large for the status: split over ConfigMaps owned by the run
     /// (`status.runStateChunks` of them); `runStateDigest` covers the joined text.
     #[serde(rename = "gzip+base64+chunks")]
+    #[strum(serialize = "gzip+base64+chunks")]
     GzipBase64Chunks,
 }
 
 impl RunStateEncoding {
     /// The encoding as written in `status.runStateEncoding`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunStateEncoding::Json => "json",
-            RunStateEncoding::GzipBase64 => "gzip+base64",
-            RunStateEncoding::GzipBase64Chunks => "gzip+base64+chunks",
-        }
-    }
-}
-
-impl fmt::Display for RunStateEncoding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -310,16 +300,7 @@ impl FromStr for RunStateEncoding {
     type Err = CrdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "json" => Ok(RunStateEncoding::Json),
-            "gzip+base64" => Ok(RunStateEncoding::GzipBase64),
-            "gzip+base64+chunks" => Ok(RunStateEncoding::GzipBase64Chunks),
-            _ => Err(CrdError::UnknownValue {
-                field: "AgentRun status.runStateEncoding",
-                value: s.to_owned(),
-                expected: "json, gzip+base64 or gzip+base64+chunks",
-            }),
-        }
+        super::parse_value("AgentRun status.runStateEncoding", s)
     }
 }
 
@@ -329,7 +310,7 @@ mod tests {
 
     #[test]
     fn phases_round_trip_through_display_serde_and_from_str() {
-        for phase in AgentRunPhase::ALL {
+        for &phase in <AgentRunPhase as strum::VariantArray>::VARIANTS {
             let text = phase.to_string();
             assert_eq!(
                 serde_json::to_value(phase).unwrap(),

@@ -9,7 +9,6 @@
 //!
 //! CEL rules in the CRD keep the request fields immutable and make a decision final.
 
-use std::fmt;
 use std::str::FromStr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -177,7 +176,20 @@ pub struct AgentRunRef {
 }
 
 /// A person's decision on a tool call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[schemars(transform = super::field_docs_only)]
 pub enum Decision {
     /// The call may run.
@@ -189,16 +201,7 @@ pub enum Decision {
 impl Decision {
     /// The decision as written in `spec.decision`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Approved => "Approved",
-            Decision::Rejected => "Rejected",
-        }
-    }
-}
-
-impl fmt::Display for Decision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -206,15 +209,7 @@ impl FromStr for Decision {
     type Err = CrdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "Approved" => Ok(Decision::Approved),
-            "Rejected" => Ok(Decision::Rejected),
-            _ => Err(CrdError::UnknownValue {
-                field: "ApprovalRequest spec.decision",
-                value: s.to_owned(),
-                expected: "Approved or Rejected",
-            }),
-        }
+        super::parse_value("ApprovalRequest spec.decision", s)
     }
 }
 
@@ -263,7 +258,21 @@ pub struct VerifiedIdentity {
 }
 
 /// Where a request is in its lifecycle.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[schemars(transform = super::field_docs_only)]
 pub enum ApprovalPhase {
     /// Waiting for a decision.
@@ -280,24 +289,9 @@ pub enum ApprovalPhase {
 }
 
 impl ApprovalPhase {
-    /// Every phase.
-    pub const ALL: [ApprovalPhase; 5] = [
-        ApprovalPhase::Pending,
-        ApprovalPhase::Approved,
-        ApprovalPhase::Rejected,
-        ApprovalPhase::Expired,
-        ApprovalPhase::Superseded,
-    ];
-
     /// The phase as written in `status.phase`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalPhase::Pending => "Pending",
-            ApprovalPhase::Approved => "Approved",
-            ApprovalPhase::Rejected => "Rejected",
-            ApprovalPhase::Expired => "Expired",
-            ApprovalPhase::Superseded => "Superseded",
-        }
+        self.into()
     }
 
     /// True for every phase but Pending.
@@ -306,24 +300,11 @@ impl ApprovalPhase {
     }
 }
 
-impl fmt::Display for ApprovalPhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 impl FromStr for ApprovalPhase {
     type Err = CrdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ApprovalPhase::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| CrdError::UnknownValue {
-                field: "ApprovalRequest status.phase",
-                value: s.to_owned(),
-                expected: "Pending, Approved, Rejected, Expired or Superseded",
-            })
+        super::parse_value("ApprovalRequest status.phase", s)
     }
 }
 
@@ -340,7 +321,7 @@ mod tests {
                 serde_json::json!(d.as_str())
             );
         }
-        for p in ApprovalPhase::ALL {
+        for &p in <ApprovalPhase as strum::VariantArray>::VARIANTS {
             assert_eq!(p.to_string().parse::<ApprovalPhase>().unwrap(), p);
             assert_eq!(
                 serde_json::to_value(p).unwrap(),

@@ -3,8 +3,6 @@
 //! The helpers follow the API conventions: one condition per `type`; `lastTransitionTime` changes
 //! only when the condition's `status` changes.
 
-use std::fmt;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// The most conditions one status holds (the schema's `maxItems`).
@@ -17,7 +15,7 @@ pub const MAX_CONDITION_REASON_LENGTH: usize = 1024;
 pub const MAX_CONDITION_TYPE_LENGTH: usize = 316;
 
 /// The status of a condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::IntoStaticStr)]
 pub enum ConditionStatus {
     /// The condition holds.
     True,
@@ -30,11 +28,7 @@ pub enum ConditionStatus {
 impl ConditionStatus {
     /// The value written to `status` (`True`, `False` or `Unknown`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            ConditionStatus::True => "True",
-            ConditionStatus::False => "False",
-            ConditionStatus::Unknown => "Unknown",
-        }
+        self.into()
     }
 }
 
@@ -48,25 +42,19 @@ impl From<bool> for ConditionStatus {
     }
 }
 
-impl fmt::Display for ConditionStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// A new condition observed at `now` for the object's `observed_generation`.
 pub fn new_condition(
-    type_: &str,
+    type_: impl AsRef<str>,
     status: ConditionStatus,
-    reason: &str,
+    reason: impl AsRef<str>,
     message: &str,
     observed_generation: Option<i64>,
     now: Time,
 ) -> Condition {
     Condition {
-        type_: type_.to_owned(),
+        type_: type_.as_ref().to_owned(),
         status: status.as_str().to_owned(),
-        reason: reason.to_owned(),
+        reason: reason.as_ref().to_owned(),
         message: message.to_owned(),
         observed_generation,
         last_transition_time: now,
@@ -74,12 +62,12 @@ pub fn new_condition(
 }
 
 /// The condition of this type, if any.
-pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
+pub fn find_condition(conditions: &[Condition], type_: impl AsRef<str>) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == type_.as_ref())
 }
 
 /// True when the condition of this type exists and its status is `True`.
-pub fn is_condition_true(conditions: &[Condition], type_: &str) -> bool {
+pub fn is_condition_true(conditions: &[Condition], type_: impl AsRef<str>) -> bool {
     find_condition(conditions, type_).is_some_and(|c| c.status == ConditionStatus::True.as_str())
 }
 

@@ -1,14 +1,22 @@
 //! Deterministic names of the objects the controller creates for a run, so that a retried
 //! reconcile or a second controller finds the object it would create instead of making another.
 //!
-//! - worker Pods: `<run>-step-<n>` ([`worker_pod_name`]), at most 63 characters because the name
-//!   is also used as a label value;
-//! - ApprovalRequests: `<run>-<tool call id>` ([`approval_request_name`]), a valid object name
-//!   (DNS-1123 subdomain, at most 253 characters) however the model spells its ids.
+//! Every name is `<base><suffix>` where the base comes from the run (and the tool call id) and the
+//! suffix says what the object is:
 //!
-//! When a name has to be changed to be valid (case, characters) or shortened, a short hash of the
-//! exact inputs is appended, so inputs that differ only in what was changed (`call_TX_9` and
-//! `call_tx_9`) still get different names.
+//! - worker Pods: `<run>-step-<n>`, `<run>-step-<n>-r<k>` for retries ([`worker_pod_name`]), at
+//!   most 63 characters because the name is also a label value;
+//! - the worker ServiceAccount, Role and RoleBinding: `<run>-worker` ([`worker_account_name`]);
+//! - ApprovalRequests: `<run>-<tool call id>` ([`approval_request_name`]), a valid object name
+//!   however the model spells its ids;
+//! - offloaded state chunks: `<run>-state-<digest prefix>-<i>` ([`chunk_name`]);
+//! - the `agentrun.dev/run` label value ([`run_label_value`]).
+//!
+//! One scheme shortens and repairs them all: when the base had to be changed to be valid (case,
+//! characters) or the name would be too long, the base is cut to fit and a short hash of the exact
+//! inputs is inserted before the suffix (`<base prefix>-<hash><suffix>`), so inputs that differ
+//! only in what was changed or cut (`call_TX_9` and `call_tx_9`, two long run names sharing their
+//! first 246 characters) still get different names.
 
 use sha2::{Digest, Sha256};
 
@@ -16,23 +24,65 @@ use sha2::{Digest, Sha256};
 pub const MAX_NAME_LENGTH: usize = 253;
 /// The longest label value, and so the longest worker Pod name.
 pub const MAX_LABEL_VALUE_LENGTH: usize = 63;
-/// Hex digits of the hash appended to names that had to be changed or shortened.
+/// Hex digits of the hash inserted into names that had to be changed or shortened.
 const HASH_LENGTH: usize = 10;
 
-/// The name of the worker Pod of `run` at `step`: `<run>-step-<step>`.
-///
-/// At most [`MAX_LABEL_VALUE_LENGTH`] characters: a longer run name is shortened and a hash of the
-/// exact run name inserted, `<run prefix>-<hash>-step-<step>`. A run name that is not a valid
-/// object name (which the API server never hands out) is made one the same way.
-pub fn worker_pod_name(run: &str, step: u32) -> String {
-    let suffix = format!("-step-{step}");
+/// The name of the worker Pod of `run` at `step`, attempt `attempt` (0 for the first try):
+/// `<run>-step-<step>`, then `-r<attempt>` for retries. At most [`MAX_LABEL_VALUE_LENGTH`]
+/// characters.
+pub fn worker_pod_name(run: &str, step: u32, attempt: u32) -> String {
+    let suffix = match attempt {
+        0 => format!("-step-{step}"),
+        _ => format!("-step-{step}-r{attempt}"),
+    };
+    run_scoped(run, &suffix, MAX_LABEL_VALUE_LENGTH)
+}
+
+/// The name of a run's worker ServiceAccount, Role and RoleBinding: `<run>-worker`.
+pub fn worker_account_name(run: &str) -> String {
+    run_scoped(run, "-worker", MAX_NAME_LENGTH)
+}
+
+/// The name of the ConfigMap holding chunk `index` of an offloaded state with this digest:
+/// `<run>-state-<first 12 digits of the digest>-<index>`.
+pub fn chunk_name(run: &str, digest: &str, index: usize) -> String {
+    run_scoped(
+        run,
+        &format!("{}{index}", chunk_infix(digest)),
+        MAX_NAME_LENGTH,
+    )
+}
+
+/// The part of [`chunk_name`] between the run and the index: `-state-<digest prefix>-`.
+fn chunk_infix(digest: &str) -> String {
+    format!("-state-{}-", &digest[..digest.len().min(12)])
+}
+
+/// Whether `name` is a chunk of the state with this digest (any index).
+pub fn is_chunk_of(name: &str, digest: &str) -> bool {
+    name.contains(&chunk_infix(digest))
+}
+
+/// The value of the [`labels::RUN`](super::keys::labels::RUN) label for a run: the run's name
+/// when it fits a label value.
+pub fn run_label_value(run: &str) -> String {
+    run_scoped(run, "", MAX_LABEL_VALUE_LENGTH)
+}
+
+/// `<run><suffix>` at most `max` characters, by the module's scheme.
+fn run_scoped(run: &str, suffix: &str, max: usize) -> String {
     let valid = is_dns1123_subdomain(run);
-    if valid && run.len() + suffix.len() <= MAX_LABEL_VALUE_LENGTH {
-        return format!("{run}{suffix}");
-    }
     let base = if valid { run.to_owned() } else { sanitize(run) };
-    let hash = short_hash(&[run]);
-    with_hash(&base, &hash, &suffix, MAX_LABEL_VALUE_LENGTH)
+    fitted(&base, suffix, max, !valid, &[run])
+}
+
+/// `<base><suffix>` when the base was not `changed` and it fits in `max`; otherwise the base cut
+/// to fit with a hash of `inputs` inserted: `<base prefix>-<hash><suffix>`.
+fn fitted(base: &str, suffix: &str, max: usize, changed: bool, inputs: &[&str]) -> String {
+    if !changed && !base.is_empty() && base.len() + suffix.len() <= max {
+        return format!("{base}{suffix}");
+    }
+    with_hash(base, &short_hash(inputs), suffix, max)
 }
 
 /// The name of the ApprovalRequest for the tool call `tool_call_id` of `run`: `<run>-<id>`.
@@ -56,11 +106,7 @@ pub fn approval_request_name(run: &str, tool_call_id: &str) -> String {
         (true, _) => id_part.clone(),
     };
     let changed = !run_valid || id_part.is_empty() || id_part != tool_call_id;
-    if !changed && base.len() <= MAX_NAME_LENGTH {
-        return base;
-    }
-    let hash = short_hash(&[run, tool_call_id]);
-    with_hash(&base, &hash, "", MAX_NAME_LENGTH)
+    fitted(&base, "", MAX_NAME_LENGTH, changed, &[run, tool_call_id])
 }
 
 /// True when `name` is a valid DNS-1123 subdomain: at most 253 characters, dot-separated labels
@@ -140,24 +186,71 @@ mod tests {
 
     #[test]
     fn pod_names_are_run_step_n() {
-        assert_eq!(worker_pod_name("demo", 0), "demo-step-0");
-        assert_eq!(worker_pod_name("demo.v2", 12), "demo.v2-step-12");
+        assert_eq!(worker_pod_name("demo", 0, 0), "demo-step-0");
+        assert_eq!(worker_pod_name("demo.v2", 12, 0), "demo.v2-step-12");
     }
 
     #[test]
     fn long_run_names_give_short_distinct_pod_names() {
         let a = format!("{}a", "x".repeat(80));
         let b = format!("{}b", "x".repeat(80));
-        let (na, nb) = (worker_pod_name(&a, 3), worker_pod_name(&b, 3));
+        let (na, nb) = (worker_pod_name(&a, 3, 0), worker_pod_name(&b, 3, 0));
         assert_ne!(na, nb);
         assert!(na.len() <= MAX_LABEL_VALUE_LENGTH, "{na}");
         assert!(na.ends_with("-step-3"), "{na}");
         assert!(na.starts_with("xxxx"), "{na}");
-        assert_eq!(na, worker_pod_name(&a, 3), "deterministic");
+        assert_eq!(na, worker_pod_name(&a, 3, 0), "deterministic");
         let exact = "r".repeat(MAX_LABEL_VALUE_LENGTH - "-step-7".len());
-        assert_eq!(worker_pod_name(&exact, 7), format!("{exact}-step-7"));
-        let max_step = worker_pod_name(&"y".repeat(253), u32::MAX);
+        assert_eq!(worker_pod_name(&exact, 7, 0), format!("{exact}-step-7"));
+        let max_step = worker_pod_name(&"y".repeat(253), u32::MAX, 0);
         assert!(max_step.len() <= MAX_LABEL_VALUE_LENGTH, "{max_step}");
+    }
+
+    #[test]
+    fn retries_stay_within_a_label_value() {
+        assert_eq!(worker_pod_name("demo", 0, 2), "demo-step-0-r2");
+        let long = "r".repeat(63);
+        let retry = worker_pod_name(&long, 7, 12);
+        assert!(retry.len() <= MAX_LABEL_VALUE_LENGTH, "{retry}");
+        assert!(retry.ends_with("-step-7-r12"), "{retry}");
+        assert_ne!(retry, worker_pod_name(&long, 7, 0));
+    }
+
+    #[test]
+    fn long_run_names_sharing_a_prefix_get_distinct_worker_accounts() {
+        assert_eq!(worker_account_name("demo"), "demo-worker");
+        let a = format!("{}a", "x".repeat(252));
+        let b = format!("{}b", "x".repeat(252));
+        let (na, nb) = (worker_account_name(&a), worker_account_name(&b));
+        assert_ne!(na, nb);
+        for name in [&na, &nb] {
+            assert!(
+                name.len() <= MAX_NAME_LENGTH && name.ends_with("-worker"),
+                "{name}"
+            );
+            assert!(is_dns1123_subdomain(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn chunk_names_and_label_values() {
+        let digest = "0123456789abcdef".repeat(4);
+        assert_eq!(chunk_name("demo", &digest, 3), "demo-state-0123456789ab-3");
+        assert!(is_chunk_of(&chunk_name("demo", &digest, 3), &digest));
+        assert!(!is_chunk_of(
+            &chunk_name("demo", &digest, 3),
+            &"f".repeat(64)
+        ));
+        let long = "y".repeat(253);
+        let chunk = chunk_name(&long, &digest, 11);
+        assert!(
+            chunk.len() <= MAX_NAME_LENGTH && is_chunk_of(&chunk, &digest),
+            "{chunk}"
+        );
+        assert_eq!(run_label_value("demo"), "demo");
+        let label = run_label_value(&long);
+        assert!(is_label_value(&label), "{label}");
+        assert_ne!(label, run_label_value(&format!("{}z", "y".repeat(252))));
     }
 
     #[test]
@@ -233,8 +326,8 @@ mod tests {
         }
 
         #[test]
-        fn pod_names_are_always_valid_label_values(run in "\\PC{0,300}", step in any::<u32>()) {
-            let name = worker_pod_name(&run, step);
+        fn pod_names_are_always_valid_label_values(run in "\\PC{0,300}", step in any::<u32>(), attempt in any::<u32>()) {
+            let name = worker_pod_name(&run, step, attempt);
             prop_assert!(is_dns1123_subdomain(&name), "{:?} -> {}", run, name);
             prop_assert!(is_label_value(&name), "{:?} -> {}", run, name);
         }

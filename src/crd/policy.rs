@@ -55,13 +55,10 @@ use super::{CrdError, GROUP, PART_OF_LABEL, VERSION, VerifiedIdentity};
 /// The group whose members may record another person as a decision's approver (with
 /// [`GITOPS_COMMIT_ANNOTATION`]). A Helm chart templates its own value.
 pub const GITOPS_GROUP: &str = "agentrun:gitops";
-/// The AgentRun annotation holding the username of the run's creator, stamped at CREATE.
-pub const CREATED_BY_ANNOTATION: &str = "agentrun.dev/created-by";
-/// The ApprovalRequest annotation holding the identity that set the decision, as JSON
-/// (see [`DecidedBy`]), stamped when the decision is set.
-pub const DECIDED_BY_ANNOTATION: &str = "agentrun.dev/decided-by";
-/// The ApprovalRequest annotation naming the commit a GitOps decision comes from.
-pub const GITOPS_COMMIT_ANNOTATION: &str = "agentrun.dev/gitops-commit";
+pub use super::keys::annotations::{
+    CREATED_BY as CREATED_BY_ANNOTATION, DECIDED_BY as DECIDED_BY_ANNOTATION,
+    GITOPS_COMMIT as GITOPS_COMMIT_ANNOTATION,
+};
 
 /// The MutatingAdmissionPolicy (and binding) stamping an AgentRun's creator.
 pub const STAMP_CREATOR_POLICY: &str = "agentrun-stamp-creator";

@@ -14,9 +14,8 @@ use super::cli::{AuditArgs, OutputFormat};
 use super::text::{Table, rfc3339, shorten, to_utc};
 use super::{PluginError, Session, render_report};
 use crate::agent::model::{self, ToolArguments};
-use crate::controller::decide::call_arguments;
+use crate::chunk_store;
 use crate::crd::{AgentRun, ApprovalPhase, ApprovalRequest, arguments_digest};
-use crate::run_status;
 use crate::state::RunState;
 use crate::state::pyjson::{self, Value};
 
@@ -200,7 +199,7 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
 
             let state_digest = deferred
                 .get(id.as_str())
-                .map(|c| arguments_digest(&call_arguments(c)))
+                .map(|c| arguments_digest(&c.arguments_json()))
                 .or(written_digest);
             let arguments_digest = match request {
                 Some(r) => {
@@ -380,7 +379,7 @@ pub fn render_table(report: &AuditReport) -> String {
 /// Runs `audit`.
 pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, PluginError> {
     let run = session.run(&args.run).await?;
-    let state = run_status::load(&session.client, &run)
+    let state = chunk_store::load(&session.client, &run)
         .await
         .map_err(|source| PluginError::RunState {
             run: args.run.clone(),

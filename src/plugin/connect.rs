@@ -7,7 +7,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 
 use super::PluginError;
-use crate::controller::worker_pod::{RUN_LABEL, label_value};
+use crate::crd::keys::labels;
+use crate::crd::names::run_label_value;
 use crate::crd::{AgentRun, ApprovalRequest};
 
 /// A client and the namespace the command works in.
@@ -107,7 +108,7 @@ impl Session {
     /// run of the same name never shows another run's decisions).
     pub async fn requests_of(&self, run: &AgentRun) -> Result<Vec<ApprovalRequest>, PluginError> {
         let name = run.name_any();
-        let selector = format!("{RUN_LABEL}={}", label_value(&name));
+        let selector = format!("{}={}", labels::RUN, run_label_value(&name));
         let list = self
             .requests()
             .list(&ListParams::default().labels(&selector))

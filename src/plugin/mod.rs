@@ -28,7 +28,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde::Serialize;
 
-use crate::run_status::StoredStateError;
+use crate::crd::stored_state::StoredStateError;
 use cli::{Cli, Command, ManifestFormat, OutputFormat};
 pub use connect::Session;
 

@@ -12,9 +12,8 @@ use super::cli::{OutputFormat, ShowArgs};
 use super::text::{indented, one_line};
 use super::{PluginError, Session, render_report};
 use crate::agent::model::{self, ToolArguments};
-use crate::controller::decide::call_arguments;
+use crate::chunk_store;
 use crate::crd::{AgentRun, ApprovalRequest};
-use crate::run_status;
 use crate::state::RunState;
 use crate::state::pyjson::{self, Value};
 
@@ -84,7 +83,7 @@ pub fn view(run: &AgentRun, state: Option<&RunState>, requests: &[ApprovalReques
                         tool_call_id: call.tool_call_id.clone(),
                         tool_name: call.tool_name.clone(),
                         arguments: request
-                            .map_or_else(|| call_arguments(call), |r| r.spec.arguments.clone()),
+                            .map_or_else(|| call.arguments_json(), |r| r.spec.arguments.clone()),
                         approval_request: request.map(|r| r.name_any()),
                         decision: request.and_then(|r| r.spec.decision).map(|d| d.to_string()),
                         approver_id: request.and_then(|r| r.spec.approver_id.clone()),
@@ -96,7 +95,7 @@ pub fn view(run: &AgentRun, state: Option<&RunState>, requests: &[ApprovalReques
     let status_message = status
         .conditions
         .iter()
-        .find(|c| c.type_ == crate::controller::READY)
+        .find(|c| c.type_ == crate::crd::ConditionType::Ready.as_ref())
         .map(|c| format!("{}: {}", c.reason, c.message));
     RunView {
         name: run.name_any(),
@@ -274,7 +273,7 @@ pub fn render_text(view: &RunView) -> String {
 /// Runs `show`.
 pub async fn show(session: &Session, args: &ShowArgs) -> Result<String, PluginError> {
     let run = session.run(&args.run).await?;
-    let state = run_status::load(&session.client, &run)
+    let state = chunk_store::load(&session.client, &run)
         .await
         .map_err(|source| PluginError::RunState {
             run: args.run.clone(),

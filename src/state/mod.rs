@@ -96,6 +96,14 @@ pub struct DeferredToolCall {
     pub args: Value,
 }
 
+impl DeferredToolCall {
+    /// The arguments as stored: Python-compatible JSON text, byte for byte (what an
+    /// ApprovalRequest shows and its digest covers).
+    pub fn arguments_json(&self) -> String {
+        pyjson::dumps(&self.args).unwrap_or_else(|_| "null".to_owned())
+    }
+}
+
 /// A tool call a human rejected.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct RejectedTool {

@@ -1,4 +1,4 @@
-//! Pure builders of a run's worker objects: the worker Pod of a step, and the per-run service
+//! Pure builders of the objects the controller creates for a run: the worker Pod of a step, and the per-run service
 //! account with the narrowest rights a worker needs (read its run and Agent and the Secret the
 //! Agent names; patch only its own run's status).
 
@@ -11,14 +11,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use crate::crd::keys::labels;
+use crate::crd::names::{run_label_value, worker_account_name, worker_pod_name};
 use crate::crd::{Agent, AgentRun};
-
-/// Label every worker object carries, so the dev kubelet and selectors find them.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "agentrun");
-/// Label naming the run an object belongs to.
-pub const RUN_LABEL: &str = "agentrun.dev/run";
-/// Label naming the step a worker Pod runs.
-pub const STEP_LABEL: &str = "agentrun.dev/step";
 
 /// What the worker Pods are built from.
 #[derive(Clone, Debug)]
@@ -44,32 +39,15 @@ impl Default for WorkerSettings {
     }
 }
 
-/// The name of a run's worker service account (and its Role and RoleBinding).
-pub fn worker_account_name(run: &str) -> String {
-    let suffix = "-worker";
-    if run.len() + suffix.len() <= 253 {
-        format!("{run}{suffix}")
-    } else {
-        format!("{}{suffix}", &run[..253 - suffix.len()])
-    }
-}
-
 fn labels(run: &AgentRun) -> std::collections::BTreeMap<String, String> {
     [
-        (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
-        (RUN_LABEL.to_owned(), label_value(&run.name_any())),
+        (
+            labels::MANAGED_BY.0.to_owned(),
+            labels::MANAGED_BY.1.to_owned(),
+        ),
+        (labels::RUN.to_owned(), run_label_value(&run.name_any())),
     ]
     .into()
-}
-
-/// A label value for a run name (names longer than a label allows are cut and hashed).
-pub fn label_value(name: &str) -> String {
-    if name.len() <= 63 {
-        name.to_owned()
-    } else {
-        let digest = crate::run_status::sha256_hex(name.as_bytes());
-        format!("{}-{}", &name[..52], &digest[..10])
-    }
 }
 
 fn owned_meta(run: &AgentRun, name: String) -> ObjectMeta {
@@ -93,11 +71,11 @@ pub fn service_account_for(run: &AgentRun) -> String {
 
 /// The worker Pod of `step` (attempt `attempt`) of `run`.
 pub fn worker_pod(run: &AgentRun, step: u32, attempt: u32, settings: &WorkerSettings) -> Pod {
-    let name = super::decide::worker_pod_name(&run.name_any(), step, attempt);
+    let name = worker_pod_name(&run.name_any(), step, attempt);
     let mut meta = owned_meta(run, name);
     meta.labels
         .get_or_insert_with(Default::default)
-        .insert(STEP_LABEL.to_owned(), step.to_string());
+        .insert(labels::STEP.to_owned(), step.to_string());
     let overrides = run.spec.worker.clone().unwrap_or_default();
     let image = overrides
         .image
@@ -266,20 +244,10 @@ pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{AgentRef, AgentRunSpec, WorkerOverrides};
+    use crate::crd::WorkerOverrides;
 
     fn run() -> AgentRun {
-        let mut run = AgentRun::new(
-            "r1",
-            AgentRunSpec {
-                agent_ref: AgentRef { name: "ops".into() },
-                input: "hi".into(),
-                worker: None,
-            },
-        );
-        run.metadata.namespace = Some("team".into());
-        run.metadata.uid = Some("uid-1".into());
-        run
+        AgentRun::test().in_namespace("team")
     }
 
     #[test]
@@ -293,8 +261,8 @@ mod tests {
         );
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["app.kubernetes.io/managed-by"], "agentrun");
-        assert_eq!(labels[RUN_LABEL], "r1");
-        assert_eq!(labels[STEP_LABEL], "2");
+        assert_eq!(labels[labels::RUN], "r1");
+        assert_eq!(labels[labels::STEP], "2");
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.service_account_name.as_deref(), Some("r1-worker"));

@@ -1,5 +1,6 @@
-//! Reading and writing a RunState in an `AgentRun`'s status: the encoding, size and digest that
-//! readers (controller, worker, plugin, audit) check before trusting the state.
+//! The codec of a RunState stored in an `AgentRun`'s status: the encoding, size and digest that
+//! readers (controller, worker, plugin, audit) check before trusting the state. Pure: reading and
+//! writing offloaded chunks through the API is [`chunk_store`](crate::chunk_store)'s.
 //!
 //! Small states are stored as plain JSON, as the design asks. Above [`COMPRESS_ABOVE`] bytes the
 //! JSON is gzip-compressed and base64-encoded (`runStateEncoding: gzip+base64`); when even that is
@@ -11,12 +12,10 @@
 use std::io::{Read, Write};
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{AgentRun, AgentRunStatus, RunStateEncoding};
+use super::status_patch::AgentRunStatusPatch;
+use super::{AgentRunStatus, RunStateEncoding};
 use crate::state::{RunState, StateError};
 
 /// States whose JSON is larger than this are stored compressed.
@@ -26,9 +25,7 @@ pub const INLINE_LIMIT: usize = 1024 * 1024;
 /// The size of one offloaded chunk (a ConfigMap holds at most 1 MiB).
 pub const CHUNK_SIZE: usize = 900 * 1024;
 /// The data key of a chunk ConfigMap.
-const CHUNK_KEY: &str = "chunk";
-/// The label naming the run a chunk belongs to.
-pub const CHUNK_RUN_LABEL: &str = "agentrun.dev/state-of";
+pub const CHUNK_KEY: &str = "chunk";
 /// The largest decompressed state accepted (a guard against decompression bombs).
 pub const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
 
@@ -146,68 +143,22 @@ impl StoredState {
         }
     }
 
-    /// The JSON merge-patch fragment of `status` for these fields (`runState: null` removes an
-    /// inline state when the new one is offloaded).
-    pub fn status_fields(&self) -> serde_json::Value {
-        serde_json::json!({
-            "runState": self.run_state,
-            "runStateEncoding": self.encoding,
-            "runStateBytes": self.bytes,
-            "runStateDigest": self.digest,
-            "runStateChunks": if self.chunks.is_empty() { None } else { Some(self.chunks.len()) },
-        })
-    }
-
-    /// Writes the chunks (if any) to ConfigMaps owned by `run`; call before patching the status.
-    pub async fn write_chunks(
-        &self,
-        client: &kube::Client,
-        run: &AgentRun,
-    ) -> Result<(), StoredStateError> {
-        if self.chunks.is_empty() {
-            return Ok(());
+    /// The status patch storing this state (`runState` removed when the new one is offloaded,
+    /// `runStateChunks` removed when it is not).
+    pub fn status_patch(&self) -> AgentRunStatusPatch {
+        AgentRunStatusPatch {
+            run_state: Some(self.run_state.clone()),
+            run_state_encoding: Some(self.encoding),
+            run_state_bytes: Some(self.bytes),
+            run_state_digest: Some(self.digest.clone()),
+            run_state_chunks: Some((!self.chunks.is_empty()).then_some(self.chunks.len() as u32)),
+            ..Default::default()
         }
-        let ns = run.namespace().unwrap_or_default();
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        for (i, chunk) in self.chunks.iter().enumerate() {
-            let name = chunk_name(&run.name_any(), &self.digest, i);
-            let map = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    namespace: Some(ns.clone()),
-                    labels: Some(
-                        [(
-                            CHUNK_RUN_LABEL.to_owned(),
-                            crate::controller::worker_pod::label_value(&run.name_any()),
-                        )]
-                        .into(),
-                    ),
-                    owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
-                    ..Default::default()
-                },
-                data: Some([(CHUNK_KEY.to_owned(), chunk.clone())].into()),
-                immutable: Some(true),
-                ..Default::default()
-            };
-            match api.create(&PostParams::default(), &map).await {
-                Ok(_) => {}
-                // Content-addressed: an existing chunk of this digest already holds this text.
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
     }
-}
-
-/// The ConfigMap holding chunk `index` of a state with this digest.
-pub fn chunk_name(run: &str, digest: &str, index: usize) -> String {
-    let prefix = if run.len() > 200 { &run[..200] } else { run };
-    format!("{prefix}-state-{}-{index}", &digest[..digest.len().min(12)])
 }
 
 /// The RunState stored in `status`, checked against its digest; `None` before the first step.
-/// Offloaded states need [`load`].
+/// Offloaded states need [`chunk_store::load`](crate::chunk_store::load).
 pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateError> {
     match status.run_state_encoding.unwrap_or_default() {
         RunStateEncoding::GzipBase64Chunks => Err(StoredStateError::NeedsClient),
@@ -218,64 +169,8 @@ pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateEr
     }
 }
 
-/// The RunState of a run in any stored form, reading offloaded chunks through the API.
-pub async fn load(
-    client: &kube::Client,
-    run: &AgentRun,
-) -> Result<Option<RunState>, StoredStateError> {
-    let status = run.status.clone().unwrap_or_default();
-    if status.run_state_encoding != Some(RunStateEncoding::GzipBase64Chunks) {
-        return decode(&status);
-    }
-    let digest = status.run_state_digest.clone().unwrap_or_default();
-    let count = status.run_state_chunks.unwrap_or(0) as usize;
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &run.namespace().unwrap_or_default());
-    let mut text = String::new();
-    for i in 0..count {
-        let name = chunk_name(&run.name_any(), &digest, i);
-        let map = api
-            .get_opt(&name)
-            .await?
-            .ok_or_else(|| StoredStateError::Chunk {
-                name: name.clone(),
-                message: "not found".into(),
-            })?;
-        let chunk = map
-            .data
-            .and_then(|mut d| d.remove(CHUNK_KEY))
-            .ok_or_else(|| StoredStateError::Chunk {
-                name: name.clone(),
-                message: format!("has no key {CHUNK_KEY}"),
-            })?;
-        text.push_str(&chunk);
-    }
-    decode_text(&text, RunStateEncoding::GzipBase64, Some(&digest)).map(Some)
-}
-
-/// Deletes the chunk ConfigMaps of `run` that do not belong to `keep_digest` (best effort; the
-/// garbage collector removes the rest with the run).
-pub async fn prune_chunks(client: &kube::Client, run: &AgentRun, keep_digest: &str) {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &run.namespace().unwrap_or_default());
-    let selector = format!(
-        "{CHUNK_RUN_LABEL}={}",
-        crate::controller::worker_pod::label_value(&run.name_any())
-    );
-    let Ok(list) = api
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
-    else {
-        return;
-    };
-    let keep = format!("-state-{}-", &keep_digest[..keep_digest.len().min(12)]);
-    for map in list {
-        let name = map.name_any();
-        if !name.contains(&keep) {
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-        }
-    }
-}
-
-fn decode_text(
+/// Decodes the stored `text` (for chunks: joined) and checks it against `digest`.
+pub fn decode_text(
     text: &str,
     encoding: RunStateEncoding,
     digest: Option<&str>,

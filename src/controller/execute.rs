@@ -1,0 +1,262 @@
+//! The last step of a reconcile: carrying out a [`Plan`], one write after the other, with the
+//! controller's field manager. Nothing is decided here.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::Event;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use tracing::{Instrument, info, warn};
+
+use super::plan::{Announcement, Plan, Requeue, Step};
+use super::{Context, ReconcileError};
+use crate::chunk_store;
+use crate::crd::keys::{field_managers, finalizers, labels};
+use crate::crd::names::run_label_value;
+use crate::crd::{AgentRun, ApprovalRequest};
+
+/// Carries out `plan` for `run`: its steps in order (the first failure ends the reconcile), then
+/// its `after` steps in a task of their own.
+pub async fn execute(
+    plan: Plan,
+    run: &AgentRun,
+    ctx: &Arc<Context>,
+) -> Result<Requeue, ReconcileError> {
+    if plan.worker_failed {
+        ctx.metrics.worker_failures.inc();
+    }
+    for waited in &plan.approval_waits {
+        ctx.metrics.approval_wait.observe(*waited);
+    }
+    let executor = Executor::new(ctx, run)?;
+    for step in plan.steps {
+        executor.perform(step).await?;
+    }
+    if !plan.after.is_empty() {
+        // Marked recorded now, so that a reconcile meanwhile does not repeat them; one that
+        // fails is unmarked and repaired later.
+        for step in &plan.after {
+            if let Step::RecordResolution(resolution) = step {
+                ctx.memory.recorded(&executor.ns, &resolution.request);
+            }
+        }
+        tokio::spawn(
+            async move {
+                for step in plan.after {
+                    let recording = match &step {
+                        Step::RecordResolution(r) => Some(r.request.clone()),
+                        _ => None,
+                    };
+                    if let Err(error) = executor.perform(step).await
+                        && let Some(request) = recording
+                    {
+                        executor.ctx.memory.forget_recorded(&executor.ns, &request);
+                        warn!(%request, %error, "could not record a decision; retried at the run's next reconcile");
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+    }
+    Ok(plan.requeue)
+}
+
+/// Performs the steps of one run's plans.
+struct Executor {
+    ctx: Arc<Context>,
+    /// The run without its state (steps need only its identity).
+    run: AgentRun,
+    ns: String,
+    regarding: ObjectReference,
+}
+
+impl Executor {
+    fn new(ctx: &Arc<Context>, run: &AgentRun) -> Result<Executor, ReconcileError> {
+        let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+        let mut run = run.clone();
+        if let Some(status) = run.status.as_mut() {
+            status.run_state = None;
+        }
+        Ok(Executor {
+            ctx: Arc::clone(ctx),
+            regarding: run.object_ref(&()),
+            run,
+            ns,
+        })
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.ns)
+    }
+
+    async fn perform(&self, step: Step) -> Result<(), ReconcileError> {
+        let params = PatchParams {
+            field_manager: Some(field_managers::CONTROLLER.into()),
+            ..Default::default()
+        };
+        match step {
+            Step::RecordResolution(resolution) => {
+                self.api::<ApprovalRequest>()
+                    .patch_status(
+                        &resolution.request,
+                        &params,
+                        &Patch::Merge(&patch_body(&resolution.status_patch())),
+                    )
+                    .await?;
+                self.ctx.memory.recorded(&self.ns, &resolution.request);
+            }
+            Step::ApplyWorkerIdentity(identity) => {
+                let (account, role, binding) = *identity;
+                self.apply::<ServiceAccount>(&account).await?;
+                self.apply::<Role>(&role).await?;
+                self.apply::<RoleBinding>(&binding).await?;
+            }
+            Step::WriteChunks(stored) => {
+                chunk_store::write(&self.ctx.client, &self.run, &stored).await?;
+            }
+            Step::PatchRun(patch) => {
+                self.api::<AgentRun>()
+                    .patch_status(&self.run.name_any(), &params, &Patch::Merge(&*patch))
+                    .await?;
+                self.ctx.memory.wrote_over(&self.run);
+            }
+            Step::PruneChunks { keep_digest } => {
+                chunk_store::prune(&self.ctx.client, &self.run, &keep_digest).await;
+            }
+            Step::CreatePod {
+                pod,
+                announce,
+                resumes,
+            } => self.create_pod(*pod, announce, resumes).await?,
+            Step::CreateRequest {
+                request,
+                status,
+                announce,
+            } => {
+                let name = request.name_any();
+                let created = self.apply::<ApprovalRequest>(&request).await?;
+                self.api::<ApprovalRequest>()
+                    .patch_status(&name, &params, &Patch::Merge(&patch_body(&status)))
+                    .await?;
+                self.publish(Announcement {
+                    type_: kube::runtime::events::EventType::Normal,
+                    reason: crate::crd::EventReason::ApprovalRequested,
+                    note: announce,
+                    related: Some(created.object_ref(&())),
+                })
+                .await;
+            }
+            Step::Publish(announcement) => self.publish(announcement).await,
+        }
+        Ok(())
+    }
+
+    /// Server-side applies `object` with the controller's field manager, taking ownership of
+    /// every field it sets.
+    async fn apply<K>(&self, object: &K) -> Result<K, ReconcileError>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let params = PatchParams::apply(field_managers::CONTROLLER).force();
+        Ok(self
+            .api::<K>()
+            .patch(&object.name_any(), &params, &Patch::Apply(object))
+            .await?)
+    }
+
+    async fn create_pod(
+        &self,
+        pod: Pod,
+        announce: Option<String>,
+        resumes: Vec<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<(), ReconcileError> {
+        let name = pod.name_any();
+        let params = PostParams {
+            field_manager: Some(field_managers::CONTROLLER.into()),
+            ..Default::default()
+        };
+        match self.api::<Pod>().create(&params, &pod).await {
+            Ok(_) => {
+                info!(pod = %name, "worker pod created");
+                if let Some(note) = announce {
+                    self.publish(Announcement {
+                        type_: kube::runtime::events::EventType::Normal,
+                        reason: crate::crd::EventReason::WorkerStarted,
+                        note,
+                        related: None,
+                    })
+                    .await;
+                }
+            }
+            // Deterministic names make a repeated create a no-op.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let created = chrono::Utc::now();
+        for decided_at in resumes {
+            self.ctx
+                .metrics
+                .resume_latency
+                .observe((created - decided_at).num_milliseconds().max(0) as f64 / 1000.0);
+        }
+        Ok(())
+    }
+
+    /// Publishes an Event about the run, best effort: a failure is logged, never retried.
+    async fn publish(&self, announcement: Announcement) {
+        let reason: &str = announcement.reason.into();
+        let event = Event {
+            type_: announcement.type_,
+            reason: reason.into(),
+            note: Some(announcement.note),
+            action: reason.into(),
+            secondary: announcement.related,
+        };
+        if let Err(error) = self.ctx.recorder.publish(&event, &self.regarding).await {
+            warn!(%error, reason, "could not publish an Event");
+        }
+    }
+}
+
+/// A status merge patch body.
+fn patch_body<S: Serialize>(status: &S) -> crate::crd::status_patch::StatusPatch<&S> {
+    crate::crd::status_patch::StatusPatch::unguarded(status)
+}
+
+/// Cleanup on delete: release the run's ApprovalRequests so the garbage collector can remove
+/// them with the run (until then their finalizer keeps the decision record).
+pub async fn release_requests(run: &AgentRun, ctx: &Context) -> Result<(), ReconcileError> {
+    let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let api: Api<ApprovalRequest> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = format!("{}={}", labels::RUN, run_label_value(&run.name_any()));
+    for request in api.list(&ListParams::default().labels(&selector)).await? {
+        let kept: Vec<String> = request
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != finalizers::KEEP_WITH_RUN)
+            .cloned()
+            .collect();
+        if kept.len() != request.finalizers().len() {
+            let patch = serde_json::json!({
+                "metadata": {"finalizers": kept, "resourceVersion": request.resource_version()}
+            });
+            api.patch(
+                &request.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}

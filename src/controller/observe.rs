@@ -1,0 +1,156 @@
+//! The first step of a reconcile: what the caches (and, only when a decision depends on it, the
+//! API server) say about one run, gathered into [`Observed`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{Context, ReconcileError, decide};
+use crate::chunk_store;
+use crate::crd::stored_state::StoredStateError;
+use crate::crd::{Agent, AgentRun, AgentRunPhase, ApprovalRequest};
+use crate::state::RunState;
+
+/// What one reconcile observed about a run. Plain data: planning is a pure function of it.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The run; with its `status.runState` when [`state`](Self::state) was read.
+    pub run: AgentRun,
+    /// The run's Agent, if it exists.
+    pub agent: Option<Arc<Agent>>,
+    /// The run's worker Pods.
+    pub pods: Vec<Pod>,
+    /// The run's ApprovalRequests.
+    pub requests: Vec<ApprovalRequest>,
+    /// The run's RunState, read only when the next action depends on it (see
+    /// [`decide::needs_state`]); `Err` holds why it could not be read.
+    pub state: Option<Result<RunState, String>>,
+    /// The run's requests whose resolution this replica recorded recently (the cache may not
+    /// show it yet).
+    pub recorded: BTreeSet<String>,
+    /// This replica wrote over this version of the run: the watch has not delivered the write.
+    pub stale: bool,
+    /// The time of the observation.
+    pub now: DateTime<Utc>,
+}
+
+impl Observed {
+    /// How long a call of `tool` may wait for a decision, if its Agent sets a timeout.
+    pub fn approval_timeout(&self, tool: &str) -> Option<Duration> {
+        let spec = self
+            .agent
+            .as_ref()?
+            .spec
+            .tools
+            .iter()
+            .find(|t| t.name == tool)?;
+        crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+    }
+
+    /// Whether the run has finished for good.
+    pub fn is_terminal(&self) -> bool {
+        self.run
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(AgentRunPhase::is_terminal)
+    }
+
+    /// An observation of `run` alone, now, with [`Agent::test`] as its Agent.
+    #[cfg(test)]
+    pub fn of(run: AgentRun) -> Observed {
+        Observed {
+            run,
+            agent: Some(Arc::new(Agent::test())),
+            pods: vec![],
+            requests: vec![],
+            state: None,
+            recorded: BTreeSet::new(),
+            stale: false,
+            now: Utc::now(),
+        }
+    }
+}
+
+/// Observes `run`. The returned permit, when there is one, bounds how many large states are in
+/// memory at once: hold it until the reconcile is done.
+pub async fn observe(
+    run: &AgentRun,
+    ctx: &Context,
+) -> Result<(Observed, Option<OwnedSemaphorePermit>), ReconcileError> {
+    let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let requests = of_run(run, ctx.requests.state());
+    let recorded = requests
+        .iter()
+        .map(|r| r.name_any())
+        .filter(|name| ctx.memory.was_recorded(&ns, name))
+        .collect();
+    let mut observed = Observed {
+        run: run.clone(),
+        agent: ctx
+            .agents
+            .get(&ObjectRef::new(&run.spec.agent_ref.name).within(&ns)),
+        pods: of_run(run, ctx.pods.state()),
+        requests,
+        state: None,
+        recorded,
+        stale: ctx.memory.is_stale(run),
+        now: Utc::now(),
+    };
+    let mut permit = None;
+    if observed.is_terminal()
+        || observed.stale
+        || !decide::needs_state(run, &observed.pods, &observed.requests, observed.now)
+    {
+        return Ok((observed, permit));
+    }
+    // Only a decision's application may use a cached state: it is guarded by the same
+    // resourceVersion. A finished step must be read fresh, as the worker's last write may not
+    // have reached the cache yet when its Pod's success does.
+    let awaiting =
+        run.status.as_ref().and_then(|s| s.phase) == Some(AgentRunPhase::AwaitingApproval);
+    let cached = awaiting.then(|| ctx.states.restore(run)).flatten();
+    let full = match cached {
+        Some(full) => full,
+        None => {
+            // A state read from the API server can be large: few at once bound the memory they
+            // take, whatever the reconcile concurrency.
+            permit = ctx.state_reads.clone().acquire_owned().await.ok();
+            Api::<AgentRun>::namespaced(ctx.client.clone(), &ns)
+                .get(&run.name_any())
+                .await?
+        }
+    };
+    observed.state = Some(match chunk_store::load(&ctx.client, &full).await {
+        Ok(Some(state)) => Ok(state),
+        Ok(None) => Err("status.runState is missing".to_owned()),
+        // An API failure reading chunks is retried; anything else is a bad state.
+        Err(StoredStateError::Kube(e)) => return Err(e.into()),
+        Err(e) => Err(e.to_string()),
+    });
+    observed.run = full;
+    Ok((observed, permit))
+}
+
+/// The objects of `run` (same namespace, owned by it) among `objects`.
+fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
+    let ns = run.namespace();
+    let uid = run.uid();
+    objects
+        .into_iter()
+        .filter(|o| {
+            o.namespace() == ns
+                && o.owner_references()
+                    .iter()
+                    .any(|r| Some(&r.uid) == uid.as_ref())
+        })
+        .map(|o| (*o).clone())
+        .collect()
+}

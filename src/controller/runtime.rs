@@ -1,0 +1,285 @@
+//! The controller's runtime: the CRD check, the metrics and probe endpoints, leader election, the
+//! watches and caches, and the two `kube::runtime::Controller`s (runs, and Agents' status).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::{StreamExt, TryStreamExt, future};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Config, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{info, warn};
+
+use super::{
+    ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
+    metrics, reconcile, state_cache,
+};
+use crate::crd::keys::{field_managers, labels};
+use crate::crd::{Agent, AgentRun, ApprovalRequest, ConditionType, Reason};
+
+/// The runs' cache lists this many at a time, so that the initial list of many large runs never
+/// sits in memory at once (each run is stripped of its state as it arrives).
+const RUN_LIST_PAGE_SIZE: u32 = 100;
+
+/// How many reconciles read a RunState from the API server at once (each may hold a large state
+/// while it decides and writes).
+const STATE_READS_AT_ONCE: usize = 8;
+
+/// Agent events buffered for each of the Agents' two consumers.
+const AGENT_EVENT_BUFFER: usize = 256;
+
+/// The bit of each cache in [`Context::synced`].
+const RUNS: u8 = 0b0001;
+const PODS: u8 = 0b0010;
+const REQUESTS: u8 = 0b0100;
+const AGENTS: u8 = 0b1000;
+
+/// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
+/// then runs the controller until a shutdown signal (or until it loses the lease).
+pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartError> {
+    let runs: Api<AgentRun> = scoped(&client, &config.namespace);
+    if let Err(e) = runs.list(&ListParams::default().limit(1)).await {
+        return Err(match e {
+            kube::Error::Api(s) if s.code == 404 => StartError::CrdsMissing(s.message),
+            other => StartError::Kube(other),
+        });
+    }
+    let probe = metrics::Probe {
+        metrics: Arc::default(),
+        ready: Arc::default(),
+        synced: Arc::default(),
+        caches: Arc::default(),
+    };
+    let _server = match config.metrics_addr {
+        Some(addr) => {
+            let listener_probe = probe.clone();
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Metrics { addr, source })?;
+            info!(%addr, "serving /metrics, /healthz and /readyz");
+            Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                if let Err(error) = metrics::serve(listener, listener_probe).await {
+                    warn!(%error, "metrics endpoint stopped");
+                }
+            })))
+        }
+        None => None,
+    };
+    let Some(election) = config.leader_election.clone() else {
+        run_controllers(client, config, probe).await;
+        return Ok(());
+    };
+    let manager =
+        kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease_name)
+            .with_namespace(&election.namespace)
+            .with_identity(&election.identity)
+            .with_duration(election.lease_duration.as_secs().max(2))
+            .with_grace(
+                election
+                    .grace
+                    .as_secs()
+                    .clamp(1, election.lease_duration.as_secs().max(2) - 1),
+            )
+            .build()
+            .await?;
+    let (mut leader, lease_task) = manager.watch().await;
+    // A standby replica is healthy and ready: it only waits for the lease.
+    probe.ready.store(true, Ordering::Relaxed);
+    info!(identity = %election.identity, lease = %election.lease_name, "waiting for the leader lease");
+    while !*leader.borrow_and_update() {
+        if leader.changed().await.is_err() {
+            return Err(StartError::LostLeadership);
+        }
+    }
+    info!(identity = %election.identity, "acquired the leader lease");
+    probe.ready.store(false, Ordering::Relaxed);
+    let lost = async {
+        loop {
+            if leader.changed().await.is_err() || !*leader.borrow_and_update() {
+                return;
+            }
+        }
+    };
+    let result = tokio::select! {
+        () = run_controllers(client, config, probe) => Ok(()),
+        () = lost => Err(StartError::LostLeadership),
+    };
+    // Closing the channel releases the lease for the next leader.
+    drop(leader);
+    let _ = lease_task.await;
+    result
+}
+
+/// Runs the runs' controller and the Agents' status controller until a shutdown signal.
+async fn run_controllers(client: Client, config: ControllerConfig, probe: metrics::Probe) {
+    let states = Arc::new(state_cache::StateCache::new(
+        config
+            .state_cache_bytes
+            .unwrap_or(state_cache::DEFAULT_BUDGET_BYTES),
+        state_cache::MAX_ENTRY_BYTES,
+    ));
+    let (run_reader, run_writer) = reflector::store();
+    let observed_states = states.clone();
+    let run_stream = watcher(
+        scoped::<AgentRun>(&client, &config.namespace),
+        watcher::Config::default().page_size(RUN_LIST_PAGE_SIZE),
+    )
+    .default_backoff()
+    .inspect_ok(move |event| observed_states.observe_event(event))
+    .modify(strip_run)
+    .reflect(run_writer)
+    .inspect_ok(synced(&probe, RUNS))
+    .touched_objects();
+    let (pod_reader, pod_writer) = reflector::store();
+    let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
+    let pod_stream = watcher(
+        scoped::<Pod>(&client, &config.namespace),
+        watcher::Config::default().labels(&managed_by),
+    )
+    .default_backoff()
+    .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+    .reflect(pod_writer)
+    .inspect_ok(synced(&probe, PODS))
+    .touched_objects();
+    let (request_reader, request_writer) = reflector::store();
+    let request_stream = watcher(
+        scoped::<ApprovalRequest>(&client, &config.namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(strip_request)
+    .reflect(request_writer)
+    .inspect_ok(synced(&probe, REQUESTS))
+    .touched_objects();
+    // Agents are shared by the runs' controller (its cache, and waking runs that wait for
+    // their Agent) and the Agents' status controller.
+    let (agent_reader, agent_writer) = reflector::store_shared(AGENT_EVENT_BUFFER);
+    let (Some(agents_for_runs), Some(agents_for_status)) =
+        (agent_writer.subscribe(), agent_writer.subscribe())
+    else {
+        warn!("the Agents' cache cannot be shared; the controller does not start");
+        return;
+    };
+    let agent_watch = watcher(
+        scoped::<Agent>(&client, &config.namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|a: &mut Agent| a.managed_fields_mut().clear())
+    .reflect_shared(agent_writer)
+    .inspect_ok(synced(&probe, AGENTS))
+    .for_each(|_| future::ready(()));
+    let waiting_for_agent = run_reader.clone();
+    let agent_mapper = move |agent: Arc<Agent>| {
+        let ns = agent.namespace();
+        let name = agent.name_any();
+        waiting_for_agent
+            .state()
+            .into_iter()
+            .filter(|run| run.namespace() == ns && run.spec.agent_ref.name == name)
+            .filter(|run| {
+                run.status
+                    .as_ref()
+                    .and_then(|s| crate::crd::find_condition(&s.conditions, ConditionType::Ready))
+                    .is_some_and(|c| c.reason == Reason::AgentNotFound.as_ref())
+            })
+            .map(|run| ObjectRef::from_obj(&*run))
+            .collect::<Vec<_>>()
+    };
+
+    let _ = probe
+        .caches
+        .set((run_reader.clone(), request_reader.clone()));
+    let reporter = Reporter {
+        controller: field_managers::CONTROLLER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let concurrency = config.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    let context = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        config,
+        metrics: probe.metrics.clone(),
+        pods: pod_reader,
+        requests: request_reader,
+        agents: agent_reader.clone(),
+        synced: probe.synced.clone(),
+        memory: memory::Memory::default(),
+        states,
+        state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
+    });
+    info!("agentrun controller started");
+    let runs = Controller::for_stream(run_stream, run_reader)
+        .owns_stream(pod_stream)
+        .owns_stream(request_stream)
+        .watches_shared_stream(agents_for_runs, agent_mapper)
+        .with_config(Config::default().concurrency(concurrency))
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile failed");
+            }
+        });
+    let statuses = Controller::for_shared_stream(agents_for_status, agent_reader)
+        .shutdown_on_signal()
+        .run(
+            agent_status::reconcile,
+            agent_status::error_policy,
+            Arc::new(agent_status::Context { client }),
+        )
+        .for_each(|_| future::ready(()));
+    tokio::select! {
+        () = runs => {}
+        () = statuses => {}
+        () = agent_watch => {}
+    }
+    info!("agentrun controller stopped");
+}
+
+/// Marks one cache as synced when its watch has listed everything; the replica is ready once all
+/// are. (Store::wait_until_ready wakes a single waiter, which the controller itself uses.)
+fn synced<K>(probe: &metrics::Probe, bit: u8) -> impl Fn(&watcher::Event<K>) + use<K> {
+    let mask = probe.synced.clone();
+    let ready = probe.ready.clone();
+    move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            let all = mask.fetch_or(bit, Ordering::Relaxed) | bit;
+            if all == ALL_CACHES && !ready.swap(true, Ordering::Relaxed) {
+                info!("caches synced");
+            }
+        }
+    }
+}
+
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The cache keeps runs without their RunState (and managed fields): its memory does not grow
+/// with the size of the runs' conversations.
+fn strip_run(run: &mut AgentRun) {
+    run.managed_fields_mut().clear();
+    if let Some(status) = run.status.as_mut() {
+        status.run_state = None;
+    }
+}
+
+/// The cache keeps ApprovalRequests without their managed fields' field sets (only who wrote and
+/// when, which dates a decision).
+fn strip_request(request: &mut ApprovalRequest) {
+    for entry in request.managed_fields_mut() {
+        entry.fields_v1 = None;
+    }
+}

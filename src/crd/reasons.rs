@@ -1,0 +1,83 @@
+//! The condition types, condition reasons and Event reasons agentrun writes, each defined once.
+//! Their strings are part of the API: scripts and alerts match on them.
+
+use strum::{AsRefStr, Display, EnumString, IntoStaticStr};
+
+/// A condition type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, AsRefStr, Display, EnumString, IntoStaticStr)]
+pub enum ConditionType {
+    /// The summary of a run (False with the phase's reason until it Succeeded) or of an Agent
+    /// (whether runs can use it).
+    Ready,
+    /// A tool call's outcome is unknown (a stopped worker may have sent a non-idempotent call).
+    ToolOutcomeUnknown,
+}
+
+/// The reason of a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, AsRefStr, Display, EnumString, IntoStaticStr)]
+pub enum Reason {
+    /// A worker Pod runs a step.
+    Running,
+    /// The run waits for decisions on its ApprovalRequests.
+    AwaitingApproval,
+    /// The run finished.
+    Succeeded,
+    /// A step's worker failed more often than retries allow.
+    WorkerFailed,
+    /// The run's stored state cannot be read or is inconsistent.
+    InvalidRunState,
+    /// A worker exited successfully but its state neither finished nor awaits approval.
+    NoResult,
+    /// The run's Agent does not exist.
+    AgentNotFound,
+    /// A call whose outcome is unknown was not sent again.
+    NotResent,
+    /// An Agent's spec can be run.
+    Valid,
+    /// An Agent's spec cannot be run.
+    InvalidSpec,
+}
+
+/// The reason of an Event the controller publishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, AsRefStr, Display, EnumString, IntoStaticStr)]
+pub enum EventReason {
+    /// A worker Pod was started for a step (not for a resume: its decisions announce it).
+    WorkerStarted,
+    /// A tool call awaits a decision.
+    ApprovalRequested,
+    /// A person approved a call.
+    Approved,
+    /// A person rejected a call.
+    Rejected,
+    /// Nobody decided a call in time.
+    Expired,
+    /// A decision was refused because its request no longer matched the call.
+    Superseded,
+    /// The run finished.
+    Succeeded,
+    /// The run failed for good.
+    Failed,
+    /// The run's Agent does not exist.
+    AgentNotFound,
+    /// A call's outcome is unknown and it was not sent again.
+    ToolOutcomeUnknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_their_variant_names() {
+        assert_eq!(Reason::AwaitingApproval.as_ref(), "AwaitingApproval");
+        assert_eq!(
+            "AgentNotFound".parse::<Reason>().unwrap(),
+            Reason::AgentNotFound
+        );
+        assert_eq!(EventReason::WorkerStarted.to_string(), "WorkerStarted");
+        assert_eq!(
+            ConditionType::ToolOutcomeUnknown.as_ref(),
+            "ToolOutcomeUnknown"
+        );
+    }
+}

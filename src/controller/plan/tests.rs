@@ -1,0 +1,346 @@
+//! Unit tests of the planner: each action's steps from plain fixtures.
+
+use super::*;
+use crate::crd::keys::{finalizers, labels};
+use crate::crd::stored_state::decode;
+use crate::crd::{
+    Agent, AgentRun, AgentRunPhase, AgentRunStatus, ApprovalPhase, Decision, ToolCallRecord,
+    WorkerOverrides, halted_state,
+};
+use k8s_openapi::api::core::v1::PodStatus;
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+
+fn settings() -> (Policy, WorkerSettings) {
+    (Policy::default(), WorkerSettings::default())
+}
+
+fn plan_of(o: &Observed) -> Plan {
+    let (policy, worker) = settings();
+    plan(o, &policy, &worker)
+}
+
+fn awaiting(request: ApprovalRequest) -> Observed {
+    let mut o = Observed::of(
+        AgentRun::test()
+            .in_phase(Some(AgentRunPhase::AwaitingApproval))
+            .at_step(0)
+            .with_pending(1)
+            .with_resource_version("7"),
+    );
+    o.requests = vec![request];
+    o.state = Some(Ok(halted_state()));
+    o
+}
+
+fn run_patch(step: &Step) -> &StatusPatch<AgentRunStatusPatch> {
+    match step {
+        Step::PatchRun(patch) => patch,
+        other => panic!("expected PatchRun, got {other:?}"),
+    }
+}
+
+fn ready_reason(patch: &AgentRunStatusPatch) -> String {
+    let conditions = patch.conditions.as_ref().expect("conditions");
+    crate::crd::find_condition(conditions, ConditionType::Ready)
+        .expect("Ready")
+        .reason
+        .clone()
+}
+
+#[test]
+fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
+    let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+    request.metadata.creation_timestamp = Some(to_k8s(Utc::now() - chrono::Duration::seconds(30)));
+    let plan = plan_of(&awaiting(request));
+    assert_eq!(plan.steps.len(), 2, "{:?}", plan.steps);
+    let patch = run_patch(&plan.steps[0]);
+    assert_eq!(patch.metadata.as_ref().unwrap().resource_version, "7");
+    let status = &patch.status;
+    assert_eq!(status.phase, Some(AgentRunPhase::Running));
+    assert_eq!(
+        (status.step, status.retries, status.pending_approvals),
+        (Some(1), Some(0), Some(0))
+    );
+    assert_eq!(status.worker_pod.as_deref(), Some("r1-step-1"));
+    let stored = AgentRunStatus {
+        run_state: status.run_state.clone().flatten(),
+        run_state_encoding: status.run_state_encoding,
+        run_state_digest: status.run_state_digest.clone(),
+        ..Default::default()
+    };
+    let state = decode(&stored).unwrap().unwrap();
+    assert_eq!(state.approved_tools, ["call_1"]);
+    let audit = &state.approval_metadata["call_1"];
+    assert_eq!(audit.approver_id.as_deref(), Some("alice@example.com"));
+    assert_eq!(audit.reason.as_deref(), Some("CR-1234"));
+    match &plan.steps[1] {
+        Step::CreatePod {
+            pod,
+            announce,
+            resumes,
+        } => {
+            assert_eq!(pod.metadata.name.as_deref(), Some("r1-step-1"));
+            assert_eq!(*announce, None, "a resume is announced by its decisions");
+            assert_eq!(resumes.len(), 1);
+        }
+        other => panic!("expected CreatePod, got {other:?}"),
+    }
+    match &plan.after[..] {
+        [Step::RecordResolution(r), Step::Publish(event)] => {
+            assert_eq!(r.phase, ApprovalPhase::Approved);
+            assert_eq!(r.identity.as_ref().unwrap().username, "alice@example.com");
+            assert_eq!(event.reason, EventReason::Approved);
+            assert_eq!(
+                event.note,
+                "Approved by alice@example.com: CR-1234 (call_1); resumed at step 1"
+            );
+            assert!(event.related.is_some());
+        }
+        other => panic!("expected a resolution and an Event, got {other:?}"),
+    }
+    assert_eq!(plan.approval_waits.len(), 1);
+    assert!(plan.approval_waits[0] >= 29.0, "{:?}", plan.approval_waits);
+}
+
+#[test]
+fn an_expiry_is_recorded_before_the_run_moves_on_and_the_model_is_told() {
+    let mut request = ApprovalRequest::test_for(&halted_state(), None);
+    request.status.as_mut().unwrap().expires_at =
+        Some(to_k8s(Utc::now() - chrono::Duration::seconds(5)));
+    let plan = plan_of(&awaiting(request));
+    match &plan.steps[0] {
+        Step::RecordResolution(r) => assert_eq!(r.phase, ApprovalPhase::Expired),
+        other => panic!("expected the expiry first, got {other:?}"),
+    }
+    let status = &run_patch(&plan.steps[1]).status;
+    let state = decode(&AgentRunStatus {
+        run_state: status.run_state.clone().flatten(),
+        ..Default::default()
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        state.rejected_tools[0].message.as_deref(),
+        Some(EXPIRED_MESSAGE)
+    );
+    assert_eq!(
+        state.approval_metadata["call_1"].reason.as_deref(),
+        Some("expired")
+    );
+    assert!(matches!(&plan.after[..], [Step::Publish(e)] if e.reason == EventReason::Expired));
+}
+
+#[test]
+fn an_already_recorded_decision_is_not_recorded_again() {
+    let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Rejected));
+    let status = request.status.as_mut().unwrap();
+    status.phase = Some(ApprovalPhase::Rejected);
+    status.decided_at = Some(to_k8s(Utc::now()));
+    let plan = plan_of(&awaiting(request));
+    assert!(
+        plan.after
+            .iter()
+            .all(|s| !matches!(s, Step::RecordResolution(_)))
+    );
+    assert!(
+        plan.steps
+            .iter()
+            .all(|s| !matches!(s, Step::RecordResolution(_)))
+    );
+}
+
+#[test]
+fn the_first_step_creates_the_worker_identity_then_the_status_then_the_pod() {
+    let mut run = AgentRun::test().with_resource_version("3");
+    run.metadata.annotations = Some(
+        [(
+            crate::crd::keys::annotations::CREATED_BY.to_owned(),
+            "carol@example.com".to_owned(),
+        )]
+        .into(),
+    );
+    let plan = plan_of(&Observed::of(run.clone()));
+    assert!(matches!(plan.steps[0], Step::ApplyWorkerIdentity(_)));
+    let patch = run_patch(&plan.steps[1]);
+    assert_eq!(patch.metadata.as_ref().unwrap().resource_version, "3");
+    assert_eq!(patch.status.phase, Some(AgentRunPhase::Running));
+    assert_eq!(
+        patch.status.created_by.as_deref(),
+        Some("carol@example.com")
+    );
+    assert!(patch.status.started_at.is_some());
+    assert_eq!(ready_reason(&patch.status), "Running");
+    assert!(matches!(
+        &plan.steps[2],
+        Step::CreatePod { announce: Some(note), .. } if note == "Started worker Pod r1-step-0 for step 0"
+    ));
+
+    // A run with its own ServiceAccount gets no per-run identity.
+    run.spec.worker = Some(WorkerOverrides {
+        service_account_name: Some("custom".into()),
+        ..Default::default()
+    });
+    let plan = plan_of(&Observed::of(run));
+    assert!(matches!(plan.steps[0], Step::PatchRun(_)));
+}
+
+#[test]
+fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
+    let mut run = AgentRun::test()
+        .in_phase(Some(AgentRunPhase::Running))
+        .at_step(0)
+        .with_retries(0);
+    run.status.as_mut().unwrap().created_by = Some("carol@example.com".into());
+    let mut o = Observed::of(run);
+    o.pods = vec![Pod {
+        metadata: ObjectMeta {
+            name: Some("r1-step-0".into()),
+            ..Default::default()
+        },
+        status: Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    o.state = Some(Ok(halted_state()));
+    let plan = plan_of(&o);
+    match &plan.steps[0] {
+        Step::CreateRequest {
+            request,
+            status,
+            announce,
+        } => {
+            let name = crate::crd::approval_request_name("r1", "call_1");
+            assert_eq!(request.metadata.name.as_ref(), Some(&name));
+            assert_eq!(
+                request.spec.run_creator.as_deref(),
+                Some("carol@example.com")
+            );
+            assert_eq!(request.spec.arguments, r#"{"user_id": "u-1"}"#);
+            assert_eq!(request.metadata.labels.as_ref().unwrap()[labels::RUN], "r1");
+            assert_eq!(
+                request.metadata.finalizers.as_deref(),
+                Some(&[finalizers::KEEP_WITH_RUN.to_owned()][..])
+            );
+            assert_eq!(request.owner_references()[0].uid, "uid-1");
+            assert_eq!(status.phase, Some(ApprovalPhase::Pending));
+            assert_eq!(status.expires_at, None);
+            assert!(
+                announce.contains("kubectl patch apr r1-call-1"),
+                "{announce}"
+            );
+        }
+        other => panic!("expected CreateRequest, got {other:?}"),
+    }
+    let patch = run_patch(&plan.steps[1]);
+    assert!(patch.metadata.is_none());
+    assert_eq!(patch.status.phase, Some(AgentRunPhase::AwaitingApproval));
+    assert_eq!(patch.status.pending_approvals, Some(1));
+
+    // Self-approval allowed: the creator is not copied, so the policy does not refuse it.
+    let mut agent = Agent::test();
+    agent.spec.approvals.allow_self_approval = true;
+    agent.spec.tools[0].approval_timeout = Some("30m".into());
+    o.agent = Some(std::sync::Arc::new(agent));
+    match &plan_of(&o).steps[0] {
+        Step::CreateRequest {
+            request, status, ..
+        } => {
+            assert_eq!(request.spec.run_creator, None);
+            assert!(status.expires_at.is_some());
+        }
+        other => panic!("expected CreateRequest, got {other:?}"),
+    }
+}
+
+#[test]
+fn stale_and_finished_runs_do_nothing_but_repairs() {
+    let mut o = Observed::of(AgentRun::test().in_phase(Some(AgentRunPhase::Running)));
+    o.stale = true;
+    let plan = plan_of(&o);
+    assert!(plan.steps.is_empty());
+    assert_eq!(plan.requeue, Requeue::After(Duration::from_secs(1)));
+
+    let mut o = Observed::of(
+        AgentRun::test()
+            .in_phase(Some(AgentRunPhase::Succeeded))
+            .at_step(1),
+    );
+    o.requests = vec![ApprovalRequest::test_for(
+        &halted_state(),
+        Some(Decision::Approved),
+    )];
+    let plan = plan_of(&o);
+    assert!(matches!(&plan.steps[..], [Step::RecordResolution(_)]));
+    assert_eq!(plan.requeue, Requeue::AwaitChange);
+}
+
+#[test]
+fn unknown_outcomes_are_reported_once() {
+    let mut run = AgentRun::test().in_phase(Some(AgentRunPhase::Running));
+    run.status.as_mut().unwrap().tool_calls = vec![ToolCallRecord {
+        tool_call_id: "call_1".into(),
+        tool_name: "delete_user".into(),
+        step: 0,
+        started_at: to_k8s(Utc::now()),
+        resent: None,
+        outcome: Some("Unknown".into()),
+    }];
+    let plan = plan_of(&Observed::of(run.clone()));
+    let patch = run_patch(&plan.steps[0]);
+    let conditions = patch.status.conditions.as_ref().unwrap();
+    let c = crate::crd::find_condition(conditions, ConditionType::ToolOutcomeUnknown).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "NotResent")
+    );
+    assert!(c.message.contains("call_1 (delete_user)"), "{}", c.message);
+    assert!(
+        matches!(&plan.steps[1], Step::Publish(e) if e.reason == EventReason::ToolOutcomeUnknown)
+    );
+    run.status.as_mut().unwrap().conditions = conditions.clone();
+    let again = plan_of(&Observed::of(run));
+    assert!(
+        again
+            .steps
+            .iter()
+            .all(|s| !matches!(s, Step::Publish(e) if e.reason == EventReason::ToolOutcomeUnknown))
+    );
+}
+
+#[test]
+fn a_missing_agent_is_reported_once_and_looked_at_again() {
+    let mut o = Observed::of(AgentRun::test());
+    o.agent = None;
+    let plan = plan_of(&o);
+    let patch = run_patch(&plan.steps[0]);
+    assert_eq!(patch.status.phase, Some(AgentRunPhase::Pending));
+    assert_eq!(ready_reason(&patch.status), "AgentNotFound");
+    assert!(
+        matches!(&plan.steps[1], Step::Publish(e) if e.note == "Agent ops not found in namespace ns")
+    );
+    assert_eq!(plan.requeue, Requeue::After(Policy::default().recheck));
+    o.run.status = Some(AgentRunStatus {
+        conditions: patch.status.conditions.clone().unwrap(),
+        ..Default::default()
+    });
+    let again = plan_of(&o);
+    assert!(again.steps.is_empty());
+    assert_eq!(again.requeue, Requeue::After(Policy::default().recheck));
+}
+
+#[test]
+fn an_invalid_state_fails_the_run_with_a_condition_and_an_event() {
+    let mut o = awaiting(ApprovalRequest::test_for(&halted_state(), None));
+    o.state = Some(Err("runState: field `messages`: expected a list".into()));
+    let plan = plan_of(&o);
+    let patch = run_patch(&plan.steps[0]);
+    assert_eq!(patch.status.phase, Some(AgentRunPhase::Failed));
+    assert_eq!(ready_reason(&patch.status), "InvalidRunState");
+    assert!(patch.status.completed_at.is_some());
+    assert!(
+        matches!(&plan.steps[1], Step::Publish(e) if e.reason == EventReason::Failed && e.note.starts_with("InvalidRunState: runState"))
+    );
+}

@@ -10,10 +10,18 @@ pub fn from_k8s(time: &Time) -> DateTime<Utc> {
     from_jiff(&time.0)
 }
 
+/// A `metav1.Time` as a chrono time, `None` when it is out of chrono's range.
+pub fn try_from_k8s(time: &Time) -> Option<DateTime<Utc>> {
+    let ts = &time.0;
+    DateTime::from_timestamp(
+        ts.as_second(),
+        u32::try_from(ts.subsec_nanosecond()).unwrap_or(0),
+    )
+}
+
 /// A jiff timestamp as a chrono time (the Unix epoch if it is out of chrono's range).
 pub fn from_jiff(ts: &Timestamp) -> DateTime<Utc> {
-    DateTime::from_timestamp(ts.as_second(), ts.subsec_nanosecond().max(0) as u32)
-        .unwrap_or_default()
+    try_from_k8s(&Time(*ts)).unwrap_or_default()
 }
 
 /// A chrono time as a `metav1.Time` (the Unix epoch if it is out of jiff's range).

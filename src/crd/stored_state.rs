@@ -1,6 +1,6 @@
 //! The codec of a RunState stored in an `AgentRun`'s status: the encoding, size and digest that
 //! readers (controller, worker, plugin, audit) check before trusting the state. Pure: reading and
-//! writing offloaded chunks through the API is [`chunk_store`](crate::chunk_store)'s.
+//! writing offloaded chunks through the API is the chunk store's.
 //!
 //! Small states are stored as plain JSON, as the design asks. Above [`COMPRESS_ABOVE`] bytes the
 //! JSON is gzip-compressed and base64-encoded (`runStateEncoding: gzip+base64`); when even that is
@@ -158,7 +158,7 @@ impl StoredState {
 }
 
 /// The RunState stored in `status`, checked against its digest; `None` before the first step.
-/// Offloaded states need [`chunk_store::load`](crate::chunk_store::load).
+/// Offloaded states are read through the chunk store.
 pub fn decode(status: &AgentRunStatus) -> Result<Option<RunState>, StoredStateError> {
     match status.run_state_encoding.unwrap_or_default() {
         RunStateEncoding::GzipBase64Chunks => Err(StoredStateError::NeedsClient),

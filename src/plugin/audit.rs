@@ -11,13 +11,14 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::cli::{AuditArgs, OutputFormat};
-use super::text::{Table, rfc3339, shorten, to_utc};
+use super::text::{Table, rfc3339, shorten};
 use super::{PluginError, Session, render_report};
 use crate::agent::model::{self, ToolArguments};
 use crate::chunk_store;
 use crate::crd::{AgentRun, ApprovalPhase, ApprovalRequest, arguments_digest};
 use crate::state::RunState;
 use crate::state::pyjson::{self, Value};
+use crate::time::try_from_k8s as to_utc;
 
 /// How many hex digits of the arguments digest the table shows (`-o json` has all of them).
 pub const DIGEST_WIDTH: usize = 12;

@@ -6,9 +6,10 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use super::cli::ListArgs;
-use super::text::{Table, age, rfc3339, shorten, to_utc};
+use super::text::{Table, age, rfc3339, shorten};
 use super::{PluginError, Session, render_report};
 use crate::crd::{AgentRun, ApprovalPhase, ApprovalRequest};
+use crate::time::try_from_k8s as to_utc;
 
 /// How many characters of a call's arguments the pending table shows.
 pub const ARGUMENTS_WIDTH: usize = 60;

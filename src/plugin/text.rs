@@ -2,7 +2,6 @@
 //! text that comes from a model or a tool so it cannot rewrite the terminal a person decides in.
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The gap between two table columns.
 const COLUMN_GAP: &str = "   ";
@@ -139,12 +138,6 @@ pub fn indented(text: &str, indent: &str) -> String {
     out
 }
 
-/// An API server time as a chrono UTC time (`None` when out of chrono's range).
-pub fn to_utc(time: &Time) -> Option<DateTime<Utc>> {
-    let nanos = u32::try_from(time.0.subsec_nanosecond()).unwrap_or(0);
-    DateTime::from_timestamp(time.0.as_second(), nanos)
-}
-
 /// A time as RFC 3339 in UTC with second precision, e.g. `2026-01-02T03:04:05Z`.
 pub fn rfc3339(time: &DateTime<Utc>) -> String {
     time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -272,8 +265,10 @@ mod tests {
 
     #[test]
     fn api_times_convert_to_utc() {
-        let time = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
-        let utc = to_utc(&time).unwrap();
+        let time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+        );
+        let utc = crate::time::try_from_k8s(&time).unwrap();
         assert_eq!(rfc3339(&utc), "2023-11-14T22:13:20Z");
     }
 }

@@ -35,6 +35,7 @@ async fn controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> 
             max_retries: 10,
             retry_backoff: Duration::from_millis(200),
             recheck: Duration::from_secs(2),
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -368,6 +368,7 @@ async fn valid_objects_are_accepted_and_read_back() {
         completed_at: None,
         retries: Some(0),
         created_by: Some("carol@example.com".to_owned()),
+        agent: None,
     };
     runs.patch_status(
         "restart-web",

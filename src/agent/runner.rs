@@ -114,6 +114,8 @@ pub struct ToolCallStart<'a> {
     pub tool_name: &'a str,
     /// The validated arguments.
     pub arguments: &'a Value,
+    /// The exact body that will be sent (the arguments as Python-compatible JSON).
+    pub body: &'a str,
     /// Whether the tool needs approval (and this call was approved).
     pub requires_approval: bool,
     /// Whether the tool declares repeated calls with the same key safe.
@@ -377,11 +379,13 @@ impl Runner {
                 }));
             }
         }
+        let body = body_of(&arguments, &json);
         if let Some(hooks) = &self.hooks {
             let start = ToolCallStart {
                 tool_call_id: &call.id,
                 tool_name: &call.name,
                 arguments: &arguments,
+                body: &body,
                 requires_approval: tool.requires_approval(),
                 idempotent: tool.idempotent(),
             };
@@ -396,12 +400,31 @@ impl Runner {
                 return Ok(CallResult::Answer(result));
             }
         }
-        let body = pyjson::dumps(&arguments).unwrap_or_else(|_| json.to_string());
         tracing::info!(tool = %call.name, tool_call_id = %call.id, "calling tool");
         Ok(CallResult::Answer(
             tool.call(&self.client, &call.id, body).await,
         ))
     }
+}
+
+/// The exact body the runner sends for `call`: its arguments as Python-compatible JSON.
+pub fn call_body(call: &ToolCall) -> Result<String, String> {
+    let (arguments, json) = parse_arguments(&call.arguments)?;
+    Ok(body_of(&arguments, &json))
+}
+
+fn body_of(arguments: &Value, json: &serde_json::Value) -> String {
+    pyjson::dumps(arguments).unwrap_or_else(|_| json.to_string())
+}
+
+/// The tool call with id `id` among the assistant messages of `history`.
+pub fn find_call(history: &[Value], id: &str) -> Option<ToolCall> {
+    history
+        .iter()
+        .filter(|m| model::role(m) == Some("assistant"))
+        .filter_map(|m| model::tool_calls(m).ok())
+        .flatten()
+        .find(|c| c.id == id)
 }
 
 /// Decodes tool call arguments: the value kept in the state, and its `serde_json` form for

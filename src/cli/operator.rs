@@ -201,7 +201,12 @@ pub fn worker(args: WorkerArgs) -> ExitCode {
                     "error: step {} of {}/{}: {e}",
                     args.step, args.namespace, args.run
                 );
-                ExitCode::FAILURE
+                match e {
+                    crate::worker::WorkerError::Tampered(_) => {
+                        ExitCode::from(crate::worker::TAMPERED_EXIT_CODE)
+                    }
+                    _ => ExitCode::FAILURE,
+                }
             }
         }
     })

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::crd::keys::labels;
 use crate::crd::names::{run_label_value, worker_account_name, worker_pod_name};
-use crate::crd::{Agent, AgentRun};
+use crate::crd::{AgentRun, AgentSpec};
 
 /// What the worker Pods are built from.
 #[derive(Clone, Debug)]
@@ -173,7 +173,7 @@ pub fn worker_pod(run: &AgentRun, step: u32, attempt: u32, settings: &WorkerSett
 
 /// The per-run worker identity: a ServiceAccount, a Role granting exactly what the worker needs
 /// for this run, and the RoleBinding between them.
-pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, RoleBinding) {
+pub fn worker_identity(run: &AgentRun, agent: &AgentSpec) -> (ServiceAccount, Role, RoleBinding) {
     let name = worker_account_name(&run.name_any());
     let account = ServiceAccount {
         metadata: owned_meta(run, name.clone()),
@@ -211,7 +211,7 @@ pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, 
         verbs: vec!["get".into(), "create".into()],
         ..Default::default()
     });
-    if let Some(secret) = agent.spec.model.api_key_secret_ref.as_ref() {
+    if let Some(secret) = agent.model.api_key_secret_ref.as_ref() {
         rules.push(PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["secrets".into()]),
@@ -314,14 +314,14 @@ mod tests {
 
     #[test]
     fn the_worker_role_names_exactly_its_run_agent_and_secret() {
-        let agent: Agent = serde_json::from_value(serde_json::json!({
+        let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
             "apiVersion": "agentrun.dev/v1alpha1",
             "kind": "Agent",
             "metadata": {"name": "ops", "namespace": "team"},
             "spec": {"model": {"baseUrl": "http://m", "name": "x", "apiKeySecretRef": {"name": "openai", "key": "token"}}}
         }))
         .unwrap();
-        let (_, role, binding) = worker_identity(&run(), &agent);
+        let (_, role, binding) = worker_identity(&run(), &agent.spec);
         let rules = role.rules.unwrap();
         let names: Vec<_> = rules.iter().map(|r| r.resource_names.clone()).collect();
         assert_eq!(

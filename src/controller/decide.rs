@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::observe::Observed;
+use super::verify::{self, Decider, DecisionContext, DecisionRules, Refusal};
 use crate::crd::{
     AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Decision, Reason,
     approval_request_name, worker_pod_name,
@@ -26,6 +27,8 @@ pub struct Policy {
     /// How often a run waiting on something without a watch event (expiry, a missing Agent) is
     /// looked at again.
     pub recheck: Duration,
+    /// The admin's rules for decisions.
+    pub decisions: DecisionRules,
 }
 
 impl Default for Policy {
@@ -34,6 +37,7 @@ impl Default for Policy {
             max_retries: 3,
             retry_backoff: Duration::from_secs(5),
             recheck: Duration::from_secs(30),
+            decisions: DecisionRules::default(),
         }
     }
 }
@@ -49,6 +53,8 @@ pub enum PodOutcome {
     Succeeded,
     /// Exited non-zero (or could not start), with the termination message and when it ended.
     Failed {
+        /// The container's exit code, if it ran.
+        exit_code: Option<i32>,
         /// The container's termination message.
         message: String,
         /// When it ended.
@@ -56,7 +62,8 @@ pub enum PodOutcome {
     },
 }
 
-/// A call's decision, as the controller will apply it to the RunState.
+/// A call's decision, as the controller records it on its request and applies it to the
+/// RunState.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedDecision {
     /// The ApprovalRequest's name.
@@ -65,6 +72,12 @@ pub struct ResolvedDecision {
     pub tool_call_id: String,
     /// What happens to the call.
     pub kind: ResolvedKind,
+    /// When the controller first observed it (the audit's time: never a client-written field).
+    pub decided_at: DateTime<Utc>,
+    /// Who decided (`None` for expiries and refusals).
+    pub decider: Option<Decider>,
+    /// Observed in this reconcile: its request's status does not record it yet.
+    pub new: bool,
 }
 
 /// How a call was resolved.
@@ -131,6 +144,16 @@ pub enum Action {
         step: u32,
         /// The retry number.
         attempt: u32,
+    },
+    /// Some calls of the halt were resolved (or their decisions refused) and others still wait:
+    /// record the resolutions, report the refusals.
+    Record {
+        /// Resolutions to record now.
+        resolved: Vec<ResolvedDecision>,
+        /// Decisions not applied, by request, with why.
+        refused: Vec<(String, Refusal)>,
+        /// Look again after this long (the next expiry), if anything expires.
+        recheck: Option<Duration>,
     },
     /// The worker halted: create the ApprovalRequests that are missing and wait for decisions.
     RequestApprovals {
@@ -260,6 +283,7 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return PodOutcome::Failed {
+            exit_code: None,
             message: "the worker Pod was deleted before it finished".into(),
             finished_at: None,
         };
@@ -273,6 +297,7 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
                 .unwrap_or_default()
                 .into_iter()
                 .find_map(|c| c.state.and_then(|s| s.terminated));
+            let exit_code = terminated.as_ref().map(|t| t.exit_code);
             let (message, finished_at) = match terminated {
                 Some(t) => {
                     let code = t.exit_code;
@@ -292,6 +317,7 @@ pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
                 ),
             };
             PodOutcome::Failed {
+                exit_code,
                 message,
                 finished_at,
             }
@@ -321,8 +347,17 @@ pub fn decide(observed: &Observed, policy: &Policy) -> Action {
                 PodOutcome::Missing => Action::CreatePod { step, attempt },
                 PodOutcome::InProgress => Action::Wait,
                 PodOutcome::Failed {
+                    exit_code: Some(code),
+                    message,
+                    ..
+                } if code == i32::from(crate::worker::TAMPERED_EXIT_CODE) => Action::Fail {
+                    reason: Reason::TamperedState,
+                    message,
+                },
+                PodOutcome::Failed {
                     message,
                     finished_at,
+                    ..
                 } => {
                     if attempt >= policy.max_retries {
                         return Action::Fail {
@@ -351,7 +386,7 @@ pub fn decide(observed: &Observed, policy: &Policy) -> Action {
                         reason: Reason::InvalidRunState,
                         message: why.clone(),
                     },
-                    Some(Ok(state)) => after_step(observed, state),
+                    Some(Ok(state)) => after_step(observed, state, policy),
                 },
             }
         }
@@ -368,7 +403,10 @@ pub fn decide(observed: &Observed, policy: &Policy) -> Action {
 }
 
 /// The worker of the current step exited 0: what its RunState says happened.
-fn after_step(observed: &Observed, state: &RunState) -> Action {
+fn after_step(observed: &Observed, state: &RunState, policy: &Policy) -> Action {
+    if let Err(why) = verify_copy(observed, state, policy) {
+        return tampered(why);
+    }
     if let Some(output) = &state.final_output {
         return Action::Succeed {
             output: output.clone(),
@@ -382,6 +420,46 @@ fn after_step(observed: &Observed, state: &RunState) -> Action {
         message:
             "the worker exited successfully but its RunState neither finished nor awaits approval"
                 .into(),
+    }
+}
+
+fn tampered(why: String) -> Action {
+    Action::Fail {
+        reason: Reason::TamperedState,
+        message: format!(
+            "the run's state does not match its approval requests: {why}; nothing was sent"
+        ),
+    }
+}
+
+/// [`verify::verify_copy`] for the observed run: an approval counts when its request records it
+/// or its decision passes the checks the controller records it with.
+fn verify_copy(observed: &Observed, state: &RunState, policy: &Policy) -> Result<(), String> {
+    let run = &observed.run;
+    verify::verify_copy(
+        state,
+        &run.name_any(),
+        &run.uid().unwrap_or_default(),
+        &observed.requests,
+        |request| match request.status.as_ref().and_then(|s| s.phase) {
+            Some(ApprovalPhase::Approved) => true,
+            None | Some(ApprovalPhase::Pending) => verify::verify_decision(
+                request,
+                decision_context(observed, request),
+                &policy.decisions,
+            )
+            .is_ok(),
+            Some(_) => false,
+        },
+    )
+}
+
+/// What checking a decision on `request` needs from the observation.
+fn decision_context<'a>(observed: &'a Observed, request: &ApprovalRequest) -> DecisionContext<'a> {
+    DecisionContext {
+        policies_installed: observed.policies_installed,
+        creator: observed.creator(),
+        rights: observed.rights.get(&request.name_any()).copied(),
     }
 }
 
@@ -411,6 +489,16 @@ fn awaiting_requests(observed: &Observed, state: &RunState) -> Action {
     }
 }
 
+/// Where one pending call of a halt stands.
+enum CallOutcome {
+    Resolved(ResolvedDecision),
+    Refused(String, Refusal),
+    /// Waiting for a person (until it expires, if it does).
+    Waiting(Option<DateTime<Utc>>),
+    /// This replica recorded its resolution but the cache does not show it yet.
+    Lagging,
+}
+
 fn awaiting(observed: &Observed, state: &RunState, policy: &Policy) -> Action {
     let pending = state.pending_approvals();
     if pending.is_empty() {
@@ -420,73 +508,190 @@ fn awaiting(observed: &Observed, state: &RunState, policy: &Policy) -> Action {
             message: "the run awaits approval but its RunState has no pending tool call".into(),
         };
     }
+    if let Err(why) = verify_copy(observed, state, policy) {
+        return tampered(why);
+    }
     let run_name = observed.run.name_any();
+    let mut outcomes = Vec::with_capacity(pending.len());
+    for call in &pending {
+        let name = approval_request_name(&run_name, &call.tool_call_id);
+        let Some(request) = observed.requests.iter().find(|r| r.name_any() == name) else {
+            return awaiting_requests(observed, state);
+        };
+        outcomes.push(resolve(observed, request, call, policy));
+    }
+    if outcomes
+        .iter()
+        .all(|o| matches!(o, CallOutcome::Resolved(_)))
+    {
+        let decisions = outcomes
+            .into_iter()
+            .filter_map(|o| match o {
+                CallOutcome::Resolved(d) => Some(d),
+                _ => None,
+            })
+            .collect();
+        return Action::Resume { decisions };
+    }
+    let mut resolved = vec![];
+    let mut refused = vec![];
+    let mut next_expiry: Option<DateTime<Utc>> = None;
+    let mut lagging = false;
+    for outcome in outcomes {
+        match outcome {
+            CallOutcome::Resolved(d) if d.new => resolved.push(d),
+            CallOutcome::Resolved(_) => {}
+            CallOutcome::Refused(request, refusal) => refused.push((request, refusal)),
+            CallOutcome::Waiting(Some(at)) => {
+                next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
+            }
+            CallOutcome::Waiting(None) => {}
+            CallOutcome::Lagging => lagging = true,
+        }
+    }
+    let recheck = match recheck_at(next_expiry, observed.now, policy) {
+        Action::Recheck(after) => Some(after),
+        _ => None,
+    };
+    if !resolved.is_empty() || !refused.is_empty() {
+        return Action::Record {
+            resolved,
+            refused,
+            recheck,
+        };
+    }
+    if lagging {
+        return Action::Recheck(Duration::from_millis(500));
+    }
+    recheck_at(next_expiry, observed.now, policy)
+}
+
+/// Where the call `call` of the halt stands, from its request.
+fn resolve(
+    observed: &Observed,
+    request: &ApprovalRequest,
+    call: &DeferredToolCall,
+    policy: &Policy,
+) -> CallOutcome {
+    let name = request.name_any();
+    let status = request.status.clone().unwrap_or_default();
+    let resolved = |kind, decided_at, decider, new| {
+        CallOutcome::Resolved(ResolvedDecision {
+            request: name.clone(),
+            tool_call_id: call.tool_call_id.clone(),
+            kind,
+            decided_at,
+            decider,
+            new,
+        })
+    };
+    if let Some(phase) = status.phase.filter(|p| p.is_final()) {
+        // Recorded by an earlier reconcile: applied as recorded.
+        let decided_at = status.decided_at.as_ref().map_or(observed.now, from_k8s);
+        let decider = status
+            .verified_identity
+            .clone()
+            .map(Decider::Verified)
+            .or(status.gitops.clone().map(Decider::GitOps));
+        let kind = match phase {
+            ApprovalPhase::Approved => approved(request),
+            ApprovalPhase::Rejected => rejected(request),
+            ApprovalPhase::Expired => ResolvedKind::Expired,
+            _ => ResolvedKind::Superseded {
+                why: superseded(observed, request, call)
+                    .unwrap_or_else(|| "the request no longer matched the call".to_owned()),
+            },
+        };
+        return resolved(kind, decided_at, decider, false);
+    }
+    if observed.recorded.contains(&name) {
+        return CallOutcome::Lagging;
+    }
+    if let Some(why) = superseded(observed, request, call) {
+        return resolved(ResolvedKind::Superseded { why }, observed.now, None, true);
+    }
+    let expiry = expires_at(request);
+    if expiry.is_some_and(|at| at <= observed.now) {
+        return resolved(ResolvedKind::Expired, observed.now, None, true);
+    }
+    match request.spec.decision {
+        None => CallOutcome::Waiting(expiry),
+        Some(decision) => {
+            match verify::verify_decision(
+                request,
+                decision_context(observed, request),
+                &policy.decisions,
+            ) {
+                Ok(decider) => {
+                    let kind = match decision {
+                        Decision::Approved => approved(request),
+                        Decision::Rejected => rejected(request),
+                    };
+                    resolved(kind, observed.now, Some(decider), true)
+                }
+                Err(refusal) => CallOutcome::Refused(name, refusal),
+            }
+        }
+    }
+}
+
+fn approved(request: &ApprovalRequest) -> ResolvedKind {
+    ResolvedKind::Approved {
+        approver_id: request.spec.approver_id.clone(),
+        reason: request.spec.reason.clone(),
+    }
+}
+
+fn rejected(request: &ApprovalRequest) -> ResolvedKind {
+    ResolvedKind::Rejected {
+        approver_id: request.spec.approver_id.clone(),
+        reason: request.spec.reason.clone(),
+        message: request.spec.message.clone(),
+    }
+}
+
+/// Why `request` no longer matches the pending `call` of the observed run, if it does not: a
+/// decision on it must not be applied.
+fn superseded(
+    observed: &Observed,
+    request: &ApprovalRequest,
+    call: &DeferredToolCall,
+) -> Option<String> {
+    let spec = &request.spec;
+    let uid = observed.run.uid().unwrap_or_default();
     let step = observed
         .run
         .status
         .as_ref()
         .and_then(|s| s.step)
         .unwrap_or(0);
-    let uid = observed.run.uid().unwrap_or_default();
-    let mut decisions = Vec::new();
-    let mut next_expiry: Option<DateTime<Utc>> = None;
-    for call in &pending {
-        let name = approval_request_name(&run_name, &call.tool_call_id);
-        let Some(request) = observed.requests.iter().find(|r| r.name_any() == name) else {
-            return awaiting_requests(observed, state);
-        };
-        let spec = &request.spec;
-        let expected_digest = crate::crd::arguments_digest(&call.arguments_json());
-        let superseded = if spec.agent_run_ref.uid != uid {
-            Some(format!(
-                "it names run uid {} but the run is {uid}",
-                spec.agent_run_ref.uid
-            ))
-        } else if spec.step != step {
-            Some(format!(
-                "it was made at step {} but the run is at step {step}",
-                spec.step
-            ))
-        } else if spec.tool_call_id != call.tool_call_id {
-            Some("its toolCallId does not match the pending call".to_owned())
-        } else if spec.arguments_digest != expected_digest || !spec.digest_matches() {
-            Some(
-                "its argumentsDigest does not match the call's arguments in the run's state"
-                    .to_owned(),
-            )
-        } else {
-            None
-        };
-        let kind = match (superseded, spec.decision) {
-            (Some(why), _) => ResolvedKind::Superseded { why },
-            (None, Some(Decision::Approved)) => ResolvedKind::Approved {
-                approver_id: spec.approver_id.clone(),
-                reason: spec.reason.clone(),
-            },
-            (None, Some(Decision::Rejected)) => ResolvedKind::Rejected {
-                approver_id: spec.approver_id.clone(),
-                reason: spec.reason.clone(),
-                message: spec.message.clone(),
-            },
-            (None, None) => match expires_at(request) {
-                Some(at) if at <= observed.now => ResolvedKind::Expired,
-                Some(at) => {
-                    next_expiry = Some(next_expiry.map_or(at, |n| n.min(at)));
-                    continue;
-                }
-                None => continue,
-            },
-        };
-        decisions.push(ResolvedDecision {
-            request: name,
-            tool_call_id: call.tool_call_id.clone(),
-            kind,
-        });
+    let expected_digest = crate::crd::arguments_digest(&call.arguments_json());
+    if spec.agent_run_ref.uid != uid {
+        Some(format!(
+            "it names run uid {} but the run is {uid}",
+            spec.agent_run_ref.uid
+        ))
+    } else if spec.step != step {
+        Some(format!(
+            "it was made at step {} but the run is at step {step}",
+            spec.step
+        ))
+    } else if spec.tool_call_id != call.tool_call_id || spec.tool_name != call.tool_name {
+        Some("its toolCallId or toolName does not match the pending call".to_owned())
+    } else if spec.arguments_digest != expected_digest || !spec.digest_matches() {
+        Some(
+            "its argumentsDigest does not match the call's arguments in the run's state".to_owned(),
+        )
+    } else if spec.tool_definition_digest.is_some()
+        && spec.tool_definition_digest != observed.tool_definition_digest(&call.tool_name)
+    {
+        Some(
+            "its toolDefinitionDigest does not match the tool in the Agent the run is bound to"
+                .to_owned(),
+        )
+    } else {
+        None
     }
-    if decisions.len() == pending.len() {
-        return Action::Resume { decisions };
-    }
-    recheck_at(next_expiry, observed.now, policy)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use super::{Context, ReconcileError};
 use crate::chunk_store;
 use crate::crd::keys::{field_managers, finalizers, labels};
 use crate::crd::names::run_label_value;
+use crate::crd::status_patch::{ApprovalRequestStatusPatch, StatusPatch};
 use crate::crd::{AgentRun, ApprovalRequest};
 
 /// Carries out `plan` for `run`: its steps in order (the first failure ends the reconcile), then
@@ -30,6 +31,9 @@ pub async fn execute(
     }
     for waited in &plan.approval_waits {
         ctx.metrics.approval_wait.observe(*waited);
+    }
+    for reason in &plan.refusals {
+        ctx.metrics.refused(*reason);
     }
     let executor = Executor::new(ctx, run)?;
     for step in plan.steps {
@@ -106,10 +110,22 @@ impl Executor {
                     .patch_status(
                         &resolution.request,
                         &params,
-                        &Patch::Merge(&patch_body(&resolution.status_patch())),
+                        &Patch::Merge(&resolution.status_patch()),
                     )
                     .await?;
                 self.ctx.memory.recorded(&self.ns, &resolution.request);
+            }
+            Step::RecordRefusal {
+                request,
+                conditions,
+            } => {
+                let patch = StatusPatch::unguarded(ApprovalRequestStatusPatch {
+                    conditions: Some(conditions),
+                    ..Default::default()
+                });
+                self.api::<ApprovalRequest>()
+                    .patch_status(&request, &params, &Patch::Merge(&patch))
+                    .await?;
             }
             Step::ApplyWorkerIdentity(identity) => {
                 let (account, role, binding) = *identity;
@@ -142,7 +158,11 @@ impl Executor {
                 let name = request.name_any();
                 let created = self.apply::<ApprovalRequest>(&request).await?;
                 self.api::<ApprovalRequest>()
-                    .patch_status(&name, &params, &Patch::Merge(&patch_body(&status)))
+                    .patch_status(
+                        &name,
+                        &params,
+                        &Patch::Merge(&StatusPatch::unguarded(status)),
+                    )
                     .await?;
                 self.publish(Announcement {
                     type_: kube::runtime::events::EventType::Normal,
@@ -226,11 +246,6 @@ impl Executor {
             warn!(%error, reason, "could not publish an Event");
         }
     }
-}
-
-/// A status merge patch body.
-fn patch_body<S: Serialize>(status: &S) -> crate::crd::status_patch::StatusPatch<&S> {
-    crate::crd::status_patch::StatusPatch::unguarded(status)
 }
 
 /// Cleanup on delete: release the run's ApprovalRequests so the garbage collector can remove

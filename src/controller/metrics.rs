@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::crd::{AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest};
+use crate::crd::{AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Reason};
 
 /// Labels of the reconcile counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +51,15 @@ pub struct Metrics {
     pub resume_latency: Histogram,
     /// Worker Pods that failed.
     pub worker_failures: Counter,
+    /// Refusals by reason: tampered states, decisions not applied.
+    pub refusals: Family<ReasonLabels, Counter>,
+}
+
+/// Labels of the refusals counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The condition reason (`TamperedState`, `UnverifiedDecision`, `SeparationOfDuties`).
+    pub reason: String,
 }
 
 impl Default for Metrics {
@@ -94,8 +103,15 @@ impl Default for Metrics {
             "Worker Pods that failed",
             worker_failures.clone(),
         );
+        let refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "refusals",
+            "Runs failed for a tampered state and decisions not applied, by reason",
+            refusals.clone(),
+        );
         Metrics {
             registry,
+            refusals,
             reconciles,
             reconcile_duration,
             runs,
@@ -116,6 +132,15 @@ impl Metrics {
             })
             .inc();
         self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts one refusal.
+    pub fn refused(&self, reason: Reason) {
+        self.refusals
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Sets the gauges from the caches and renders the registry.
@@ -211,6 +236,7 @@ mod tests {
         metrics.approval_wait.observe(12.0);
         metrics.resume_latency.observe(0.2);
         metrics.worker_failures.inc();
+        metrics.refused(Reason::TamperedState);
         let (runs, _) = kube::runtime::reflector::store::<AgentRun>();
         let (requests, _) = kube::runtime::reflector::store::<ApprovalRequest>();
         let text = metrics.render(&runs, &requests);
@@ -222,6 +248,7 @@ mod tests {
             "agentrun_approval_wait_seconds_count 1",
             "agentrun_resume_latency_seconds_count 1",
             "agentrun_worker_failures_total 1",
+            "agentrun_refusals_total{reason=\"TamperedState\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -26,9 +26,10 @@ pub mod reconcile;
 pub mod resolutions;
 pub mod runtime;
 pub mod state_cache;
+pub mod verify;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -43,6 +44,7 @@ pub use decide::Policy;
 pub use plan::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
 pub use reconcile::{error_policy, reconcile};
 pub use runtime::run;
+pub use verify::DecisionRules;
 
 /// Errors of one reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -140,8 +142,9 @@ pub struct ControllerConfig {
 /// How many runs are reconciled at once unless configured.
 pub const DEFAULT_CONCURRENCY: u16 = 64;
 
-/// One bit per cache the controller waits for: runs, Pods, ApprovalRequests, Agents.
-const ALL_CACHES: u8 = 0b1111;
+/// One bit per cache the controller waits for (runs, Pods, ApprovalRequests, Agents) and one for
+/// the first check of the admission policies.
+const ALL_CACHES: u8 = 0b11111;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -157,6 +160,7 @@ pub struct Context {
     requests: Store<ApprovalRequest>,
     agents: Store<Agent>,
     synced: Arc<AtomicU8>,
+    policies: Arc<AtomicBool>,
     memory: memory::Memory,
     states: Arc<state_cache::StateCache>,
     state_reads: Arc<tokio::sync::Semaphore>,
@@ -167,5 +171,11 @@ impl Context {
     /// an existing Agent missing).
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed) == ALL_CACHES
+    }
+
+    /// Whether the admission policies that stamp and check decisions were found installed at the
+    /// last check.
+    pub fn policies_installed(&self) -> bool {
+        self.policies.load(Ordering::Relaxed)
     }
 }

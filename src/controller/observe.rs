@@ -1,21 +1,27 @@
 //! The first step of a reconcile: what the caches (and, only when a decision depends on it, the
 //! API server) say about one run, gathered into [`Observed`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::verify::DeciderRights;
 use super::{Context, ReconcileError, decide};
 use crate::chunk_store;
+use crate::crd::keys::annotations;
+use crate::crd::policy::DecidedBy;
 use crate::crd::stored_state::StoredStateError;
-use crate::crd::{Agent, AgentRun, AgentRunPhase, ApprovalRequest};
+use crate::crd::{Agent, AgentRun, AgentRunPhase, AgentSpec, ApprovalRequest};
 use crate::state::RunState;
 
 /// What one reconcile observed about a run. Plain data: planning is a pure function of it.
@@ -37,6 +43,11 @@ pub struct Observed {
     pub recorded: BTreeSet<String>,
     /// This replica wrote over this version of the run: the watch has not delivered the write.
     pub stale: bool,
+    /// The admission policies that stamp and check decisions are installed.
+    pub policies_installed: bool,
+    /// What the deciders of newly decided requests may do in the namespace, by request name
+    /// (asked only under strict separation of duties).
+    pub rights: BTreeMap<String, DeciderRights>,
     /// The time of the observation.
     pub now: DateTime<Utc>,
 }
@@ -44,14 +55,39 @@ pub struct Observed {
 impl Observed {
     /// How long a call of `tool` may wait for a decision, if its Agent sets a timeout.
     pub fn approval_timeout(&self, tool: &str) -> Option<Duration> {
-        let spec = self
-            .agent
-            .as_ref()?
-            .spec
+        let spec = self.agent_spec()?.tools.iter().find(|t| t.name == tool)?;
+        crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+    }
+
+    /// The run's creator, as the admission policy stamped it at creation.
+    pub fn creator(&self) -> Option<&str> {
+        self.run
+            .annotations()
+            .get(annotations::CREATED_BY)
+            .map(String::as_str)
+            .or(self
+                .run
+                .status
+                .as_ref()
+                .and_then(|s| s.created_by.as_deref()))
+    }
+
+    /// The spec the run uses: its snapshot, or (before it started) its Agent's.
+    pub fn agent_spec(&self) -> Option<&AgentSpec> {
+        let snapshot = self.run.status.as_ref().and_then(|s| s.agent.as_ref());
+        match snapshot {
+            Some(snapshot) => snapshot.verified_spec(),
+            None => self.agent.as_ref().map(|a| &a.spec),
+        }
+    }
+
+    /// The definition digest of `tool` in the spec the run uses.
+    pub fn tool_definition_digest(&self, tool: &str) -> Option<String> {
+        self.agent_spec()?
             .tools
             .iter()
-            .find(|t| t.name == tool)?;
-        crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+            .find(|t| t.name == tool)
+            .map(|t| t.definition_digest())
     }
 
     /// Whether the run has finished for good.
@@ -74,6 +110,8 @@ impl Observed {
             state: None,
             recorded: BTreeSet::new(),
             stale: false,
+            policies_installed: true,
+            rights: BTreeMap::new(),
             now: Utc::now(),
         }
     }
@@ -102,6 +140,8 @@ pub async fn observe(
         state: None,
         recorded,
         stale: ctx.memory.is_stale(run),
+        policies_installed: ctx.policies_installed(),
+        rights: BTreeMap::new(),
         now: Utc::now(),
     };
     let mut permit = None;
@@ -128,6 +168,9 @@ pub async fn observe(
                 .await?
         }
     };
+    if ctx.config.policy.decisions.strict_separation_of_duties {
+        observed.rights = decider_rights(ctx, &ns, &observed.requests).await?;
+    }
     observed.state = Some(match chunk_store::load(&ctx.client, &full).await {
         Ok(Some(state)) => Ok(state),
         Ok(None) => Err("status.runState is missing".to_owned()),
@@ -153,4 +196,62 @@ fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
         })
         .map(|o| (*o).clone())
         .collect()
+}
+
+/// Under strict separation of duties: what the decider of each newly decided request may do in
+/// `ns` (two SubjectAccessReviews each, for the stamped identity).
+async fn decider_rights(
+    ctx: &Context,
+    ns: &str,
+    requests: &[ApprovalRequest],
+) -> Result<BTreeMap<String, DeciderRights>, ReconcileError> {
+    let reviews: Api<SubjectAccessReview> = Api::all(ctx.client.clone());
+    let mut rights = BTreeMap::new();
+    for request in requests {
+        let undecided = request
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_none_or(|p| !p.is_final());
+        let stamp = request
+            .annotations()
+            .get(annotations::DECIDED_BY)
+            .and_then(|text| DecidedBy::parse(text).ok());
+        let (true, Some(_), Some(stamp)) = (undecided, request.spec.decision, stamp) else {
+            continue;
+        };
+        let allowed = |group: &str, resource: &str, verb: &str| {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(stamp.username.clone()),
+                    uid: (!stamp.uid.is_empty()).then(|| stamp.uid.clone()),
+                    groups: Some(stamp.groups.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        namespace: Some(ns.to_owned()),
+                        group: Some(group.to_owned()),
+                        resource: Some(resource.to_owned()),
+                        verb: Some(verb.to_owned()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let reviews = reviews.clone();
+            async move {
+                let answer = reviews.create(&PostParams::default(), &review).await?;
+                Ok::<bool, kube::Error>(answer.status.is_some_and(|s| s.allowed))
+            }
+        };
+        let create_runs = allowed(crate::crd::GROUP, "agentruns", "create").await?;
+        let impersonate_service_accounts = allowed("", "serviceaccounts", "impersonate").await?;
+        rights.insert(
+            request.name_any(),
+            DeciderRights {
+                create_runs,
+                impersonate_service_accounts,
+            },
+        );
+    }
+    Ok(rights)
 }

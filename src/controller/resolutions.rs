@@ -1,186 +1,103 @@
-//! How the controller resolves ApprovalRequests: what a request's status records once its call
-//! is decided (approved, rejected, expired or superseded), when the decision was made and by whom,
-//! and the repair of resolutions a stopped controller applied but did not record. Pure.
+//! How the controller records the resolution of an ApprovalRequest (approved, rejected, expired
+//! or superseded) in the request's status, as soon as it observes it: the phase, when it observed
+//! the decision (the audit's time, never a field a client writes), and who decided as the API
+//! server verified it. Pure.
 
 use chrono::{DateTime, Utc};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 
-use super::observe::Observed;
-use crate::crd::keys::{annotations, field_managers};
-use crate::crd::policy::DecidedBy;
-use crate::crd::status_patch::ApprovalRequestStatusPatch;
-use crate::crd::{ApprovalPhase, ApprovalRequest, Decision, VerifiedIdentity};
-use crate::time::{from_jiff, to_k8s};
+use super::decide::{ResolvedDecision, ResolvedKind};
+use super::verify::{Decider, Refusal};
+use crate::crd::status_patch::{ApprovalRequestStatusPatch, StatusPatch};
+use crate::crd::{
+    ApprovalPhase, ApprovalRequest, ConditionStatus, ConditionType, GitOpsDecision,
+    VerifiedIdentity, new_condition, set_condition,
+};
+use crate::time::to_k8s;
 
-/// How the controller resolved one ApprovalRequest: what its status records.
+/// What a request's status records once its call is resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resolution {
     /// The request's name.
     pub request: String,
+    /// The request's resourceVersion the resolution was made on (the write is guarded by it).
+    pub resource_version: Option<String>,
     /// Its final phase.
     pub phase: ApprovalPhase,
-    /// When it was decided.
+    /// When the controller first observed it.
     pub decided_at: DateTime<Utc>,
-    /// Who decided, as the API server verified it.
+    /// Who decided, as the API server stamped it (only when that is the approverId).
     pub identity: Option<VerifiedIdentity>,
+    /// A GitOps decision: its commit and who applied it.
+    pub gitops: Option<GitOpsDecision>,
 }
 
 impl Resolution {
-    /// The request's status patch recording this resolution.
-    pub fn status_patch(&self) -> ApprovalRequestStatusPatch {
-        ApprovalRequestStatusPatch {
-            phase: Some(self.phase),
-            decided_at: Some(to_k8s(self.decided_at)),
-            verified_identity: self.identity.clone(),
-            ..Default::default()
+    /// The resolution of `decision` on `request`.
+    pub fn of(decision: &ResolvedDecision, request: Option<&ApprovalRequest>) -> Resolution {
+        let (identity, gitops) = match &decision.decider {
+            Some(Decider::Verified(identity)) => (Some(identity.clone()), None),
+            Some(Decider::GitOps(gitops)) => (None, Some(gitops.clone())),
+            Some(Decider::Claimed) | None => (None, None),
+        };
+        Resolution {
+            request: decision.request.clone(),
+            resource_version: request.and_then(|r| r.resource_version()),
+            phase: phase_of(&decision.kind),
+            decided_at: decision.decided_at,
+            identity,
+            gitops,
         }
     }
 
-    /// Whether `request`'s status already records this resolution (a retry after a failed run
-    /// patch finds it so).
-    pub fn is_recorded_on(&self, request: &ApprovalRequest) -> bool {
-        request
-            .status
-            .as_ref()
-            .is_some_and(|s| s.phase == Some(self.phase) && s.decided_at.is_some())
+    /// The request's status patch recording this resolution, guarded by the version it was
+    /// made on.
+    pub fn status_patch(&self) -> StatusPatch<ApprovalRequestStatusPatch> {
+        StatusPatch::guarded(
+            ApprovalRequestStatusPatch {
+                phase: Some(self.phase),
+                decided_at: Some(to_k8s(self.decided_at)),
+                verified_identity: self.identity.clone(),
+                gitops: self.gitops.clone(),
+                ..Default::default()
+            },
+            self.resource_version.clone(),
+        )
     }
 }
 
-/// When a person set the decision: the latest write to the request's spec by anyone but the
-/// controller (from its managed fields).
-pub fn decision_time(request: &ApprovalRequest) -> Option<DateTime<Utc>> {
-    request
-        .meta()
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| {
-            m.manager.as_deref() != Some(field_managers::CONTROLLER) && m.subresource.is_none()
-        })
-        .filter_map(|m| m.time.as_ref())
-        .map(|t| from_jiff(&t.0))
-        .max()
+/// The final phase of a request resolved so.
+pub fn phase_of(kind: &ResolvedKind) -> ApprovalPhase {
+    match kind {
+        ResolvedKind::Approved { .. } => ApprovalPhase::Approved,
+        ResolvedKind::Rejected { .. } => ApprovalPhase::Rejected,
+        ResolvedKind::Expired => ApprovalPhase::Expired,
+        ResolvedKind::Superseded { .. } => ApprovalPhase::Superseded,
+    }
 }
 
-/// The identity the admission policy verified and stamped when the decision was set.
-pub fn verified_identity(request: &ApprovalRequest) -> Option<VerifiedIdentity> {
-    let stamp = request.annotations().get(annotations::DECIDED_BY)?;
-    DecidedBy::parse(stamp)
-        .ok()
-        .map(|d| d.to_verified_identity())
-}
-
-/// The identity the stamping policy recorded; on servers without it, the approverId the
-/// validating policy checked against the authenticated user.
-pub fn verified_identity_or_claimed(request: &ApprovalRequest) -> Option<VerifiedIdentity> {
-    verified_identity(request).or_else(|| {
-        request
-            .spec
-            .approver_id
-            .clone()
-            .map(|username| VerifiedIdentity {
-                username,
-                uid: None,
-                groups: vec![],
-            })
-    })
-}
-
-/// The resolutions to record again: requests of earlier steps of this run that a person decided
-/// but whose status still says Pending (the resume that applied them stopped before recording
-/// them; its run patch, the proof the decision was applied, came first), and that this replica
-/// has not just recorded. Everything their status needs is on the request itself.
-pub fn repairs(observed: &Observed) -> Vec<Resolution> {
-    let step = observed
-        .run
+/// The conditions of `request` saying its decision was refused, if they do not say so already.
+pub fn refused_conditions(
+    request: &ApprovalRequest,
+    refusal: &Refusal,
+    now: DateTime<Utc>,
+) -> Option<Vec<Condition>> {
+    let mut conditions = request
         .status
         .as_ref()
-        .and_then(|s| s.step)
-        .unwrap_or(0);
-    let uid = observed.run.uid().unwrap_or_default();
-    observed
-        .requests
-        .iter()
-        .filter(|r| r.spec.step < step && r.spec.agent_run_ref.uid == uid)
-        .filter(|r| {
-            r.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_none_or(|p| p == ApprovalPhase::Pending)
-        })
-        .filter(|r| !observed.recorded.contains(&r.name_any()))
-        .filter_map(|r| {
-            let phase = match r.spec.decision? {
-                Decision::Approved => ApprovalPhase::Approved,
-                Decision::Rejected => ApprovalPhase::Rejected,
-            };
-            Some(Resolution {
-                request: r.name_any(),
-                phase,
-                decided_at: decision_time(r).unwrap_or(observed.now),
-                identity: verified_identity_or_claimed(r),
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::crd::{AgentRun, AgentRunPhase, halted_state};
-
-    #[test]
-    fn decisions_applied_but_not_recorded_are_found() {
-        let halted = halted_state();
-        let mut o = Observed::of(
-            AgentRun::test()
-                .in_phase(Some(AgentRunPhase::Running))
-                .at_step(1),
-        );
-        let decided = ApprovalRequest::test_for(&halted, Some(Decision::Approved));
-        o.requests = vec![decided.clone()];
-        let found = repairs(&o);
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].phase, ApprovalPhase::Approved);
-        assert_eq!(
-            found[0].identity.as_ref().unwrap().username,
-            "alice@example.com"
-        );
-
-        let mut recorded = decided.clone();
-        recorded.status.as_mut().unwrap().phase = Some(ApprovalPhase::Approved);
-        let undecided = ApprovalRequest::test_for(&halted, None);
-        let mut other_run = decided.clone();
-        other_run.spec.agent_run_ref.uid = "uid-2".into();
-        o.requests = vec![recorded, undecided, other_run];
-        assert!(repairs(&o).is_empty());
-        // Just recorded by this replica: the cache lags, nothing to repeat.
-        o.requests = vec![decided.clone()];
-        o.recorded.insert(decided.name_any());
-        assert!(repairs(&o).is_empty());
-        // The current step's decisions are the resume's to apply, not a repair's.
-        o.recorded.clear();
-        o.run.status.as_mut().unwrap().step = Some(0);
-        assert!(repairs(&o).is_empty());
-    }
-
-    #[test]
-    fn the_stamped_identity_wins_over_the_claimed_one() {
-        let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
-        assert_eq!(
-            verified_identity_or_claimed(&request).unwrap().username,
-            "alice@example.com"
-        );
-        request.metadata.annotations = Some(
-            [(
-                annotations::DECIDED_BY.to_owned(),
-                r#"{"username":"alice@example.com","uid":"","groups":["agentrun:approvers"]}"#
-                    .to_owned(),
-            )]
-            .into(),
-        );
-        let identity = verified_identity(&request).unwrap();
-        assert_eq!(identity.groups, ["agentrun:approvers"]);
-        assert_eq!(identity.uid, None);
-    }
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let changed = set_condition(
+        &mut conditions,
+        new_condition(
+            ConditionType::Verified,
+            ConditionStatus::False,
+            refusal.reason,
+            &refusal.message,
+            request.metadata.generation,
+            to_k8s(now),
+        ),
+    );
+    changed.then_some(conditions)
 }

@@ -2,7 +2,8 @@
 //! watches and caches, and the two `kube::runtime::Controller`s (runs, and Agents' status).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::Pod;
@@ -38,6 +39,8 @@ const RUNS: u8 = 0b0001;
 const PODS: u8 = 0b0010;
 const REQUESTS: u8 = 0b0100;
 const AGENTS: u8 = 0b1000;
+/// Set once the admission policies were checked for the first time.
+const POLICIES_CHECKED: u8 = 0b10000;
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
 /// then runs the controller until a shutdown signal (or until it loses the lease).
@@ -200,6 +203,12 @@ async fn run_controllers(client: Client, config: ControllerConfig, probe: metric
         instance: std::env::var("POD_NAME").ok(),
     };
     let concurrency = config.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    let policies = Arc::new(AtomicBool::new(false));
+    let _policy_watch = AbortOnDropHandle::new(tokio::spawn(watch_policies(
+        client.clone(),
+        policies.clone(),
+        synced(&probe, POLICIES_CHECKED),
+    )));
     let context = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
@@ -209,6 +218,7 @@ async fn run_controllers(client: Client, config: ControllerConfig, probe: metric
         requests: request_reader,
         agents: agent_reader.clone(),
         synced: probe.synced.clone(),
+        policies: policies.clone(),
         memory: memory::Memory::default(),
         states,
         state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
@@ -282,4 +292,61 @@ fn strip_request(request: &mut ApprovalRequest) {
     for entry in request.managed_fields_mut() {
         entry.fields_v1 = None;
     }
+}
+
+/// How often the controller checks that the admission policies are installed.
+const POLICY_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Keeps `installed` up to date with whether the admission policies that stamp and check
+/// decisions (and their bindings) exist; without them no decision is verified (see
+/// [`DecisionRules`](super::DecisionRules)). Warns when they are missing.
+async fn watch_policies(
+    client: Client,
+    installed: Arc<AtomicBool>,
+    checked: impl Fn(&watcher::Event<()>),
+) {
+    let mut warned = false;
+    loop {
+        let found = policies_installed(&client).await;
+        installed.store(found.is_ok(), Ordering::Relaxed);
+        checked(&watcher::Event::InitDone);
+        match found {
+            Err(why) if !warned => {
+                warn!(%why, "decisions are not applied: the admission policies that stamp and check them are missing (install crds/admission-policies.yaml, or run with --allow-unverified-decisions on clusters without admission policies)");
+                warned = true;
+            }
+            Ok(()) if warned => {
+                info!("the admission policies are installed: decisions are applied again");
+                warned = false;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(POLICY_CHECK_INTERVAL).await;
+    }
+}
+
+/// `Ok` when the stamping and checking policies and their bindings exist, else what is missing.
+async fn policies_installed(client: &Client) -> Result<(), String> {
+    use crate::crd::policy::{APPROVAL_IDENTITY_POLICY, STAMP_DECIDER_POLICY};
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+        ValidatingAdmissionPolicyBinding,
+    };
+    async fn exists<K>(client: &Client, name: &str) -> Result<(), String>
+    where
+        K: Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        match Api::<K>::all(client.clone()).get_opt(name).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!("{} {name} not found", K::kind(&()))),
+            Err(e) => Err(format!("{} {name}: {e}", K::kind(&()))),
+        }
+    }
+    exists::<MutatingAdmissionPolicy>(client, STAMP_DECIDER_POLICY).await?;
+    exists::<MutatingAdmissionPolicyBinding>(client, STAMP_DECIDER_POLICY).await?;
+    exists::<ValidatingAdmissionPolicy>(client, APPROVAL_IDENTITY_POLICY).await?;
+    exists::<ValidatingAdmissionPolicyBinding>(client, APPROVAL_IDENTITY_POLICY).await
 }

@@ -221,6 +221,78 @@ pub struct HttpTool {
     pub timeout_seconds: Option<u32>,
 }
 
+impl AgentSpec {
+    /// The SHA-256 (lowercase hex) of the spec's JSON: what a run's snapshot of its Agent is
+    /// checked against.
+    pub fn digest(&self) -> String {
+        json_digest(self)
+    }
+}
+
+impl ToolSpec {
+    /// The SHA-256 (lowercase hex) of the tool's definition as JSON (name, description, schema,
+    /// approval and idempotency settings, endpoint and timeout): an approval holds only for a
+    /// tool with exactly this definition.
+    pub fn definition_digest(&self) -> String {
+        json_digest(self)
+    }
+
+    /// The URL a call of this tool is sent to.
+    pub fn endpoint(&self) -> &str {
+        &self.http.url
+    }
+}
+
+fn json_digest<T: Serialize>(value: &T) -> String {
+    use sha2::{Digest, Sha256};
+    // Serializing a spec (plain structs and JSON values) cannot fail.
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The Agent a run is bound to, recorded by the controller when the run starts: every step of the
+/// run uses this spec, so editing the Agent affects new runs only.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSnapshot {
+    /// The Agent's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The Agent's uid when the run started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub uid: Option<String>,
+    /// The Agent's metadata.generation when the run started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The SHA-256 (lowercase hex) of spec.
+    #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub spec_digest: String,
+    /// The Agent's spec as the run uses it (left out of the controller's cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<AgentSpec>,
+}
+
+impl AgentSnapshot {
+    /// A snapshot of `agent` now.
+    pub fn of(agent: &Agent) -> AgentSnapshot {
+        AgentSnapshot {
+            name: agent.metadata.name.clone().unwrap_or_default(),
+            uid: agent.metadata.uid.clone(),
+            generation: agent.metadata.generation,
+            spec_digest: agent.spec.digest(),
+            spec: Some(agent.spec.clone()),
+        }
+    }
+
+    /// The spec, when it is present and matches its digest.
+    pub fn verified_spec(&self) -> Option<&AgentSpec> {
+        self.spec
+            .as_ref()
+            .filter(|s| s.digest() == self.spec_digest)
+    }
+}
+
 /// Schema for a free-form JSON object that the API server keeps as written.
 pub fn any_json_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({

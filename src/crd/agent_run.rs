@@ -168,6 +168,9 @@ pub struct AgentRunStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4096))]
     pub tool_calls: Vec<ToolCallRecord>,
+    /// The Agent this run is bound to: recorded when the run starts and used by every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<super::AgentSnapshot>,
     /// When the RunState is offloaded (encoding `gzip+base64+chunks`), how many ConfigMaps
     /// `<run>-state-<digest prefix>-<i>` hold it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

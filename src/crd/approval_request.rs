@@ -133,6 +133,18 @@ pub struct ApprovalRequestSpec {
     #[schemars(length(min = 1, max = MAX_IDENTITY_LENGTH))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("runCreator is immutable"))]
     pub run_creator: Option<String>,
+    /// The URL the call is sent to if approved, from the Agent the run is bound to. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("toolEndpoint is immutable"))]
+    pub tool_endpoint: Option<String>,
+    /// The SHA-256 (lowercase hex) of the tool's definition (endpoint, schema, approval and
+    /// timeout settings) in the Agent the run is bound to: the call is sent only to a tool with
+    /// this definition. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("toolDefinitionDigest is immutable"))]
+    pub tool_definition_digest: Option<String>,
     /// The decision: Approved or Rejected. Set once, by a person; it cannot change afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
@@ -227,9 +239,14 @@ pub struct ApprovalRequestStatus {
     /// When the request expires and is treated as rejected, if the tool has an approvalTimeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
-    /// The authenticated identity that set the decision, as verified by the API server.
+    /// The authenticated identity that set the decision, as the API server stamped it. Set only
+    /// when that identity is the approverId (never for GitOps decisions, see gitops).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_identity: Option<VerifiedIdentity>,
+    /// A decision a GitOps identity applied for the approverId it claims: the commit it names
+    /// and the identity that applied it. The approverId is then claimed, not verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<GitOpsDecision>,
     /// The latest observations of the request's state, one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions::conditions_schema")]
@@ -238,6 +255,17 @@ pub struct ApprovalRequestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
+}
+
+/// A decision applied by a GitOps identity on behalf of the approver it names.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitOpsDecision {
+    /// The commit named by the agentrun.dev/gitops-commit annotation.
+    #[schemars(length(max = 256))]
+    pub commit: String,
+    /// The identity that applied the decision, as the API server stamped it.
+    pub applied_by: VerifiedIdentity,
 }
 
 /// An identity the API server authenticated.

@@ -90,10 +90,19 @@ tools:
     }
 }
 
-/// The state of run `r1` (uid `uid-1`) halted on one call, `call_1` of `delete_user` with
-/// `{"user_id": "u-1"}`.
+/// The state of run `r1` (uid `uid-1`) halted on one call the model made, `call_1` of
+/// `delete_user` with `{"user_id": "u-1"}`.
 pub fn halted_state() -> RunState {
     let mut state = RunState::new("uid-1", "ops", "Delete user u-1");
+    state.messages = vec![
+        pyjson::Value::from(serde_json::json!({"role": "user", "content": "Delete user u-1"})),
+        pyjson::Value::from(serde_json::json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "delete_user", "arguments": "{\"user_id\": \"u-1\"}"}}]
+        })),
+    ];
     state.deferred_tool_requests = DeferredToolRequests {
         calls: vec![],
         approvals: vec![DeferredToolCall {
@@ -107,10 +116,13 @@ pub fn halted_state() -> RunState {
 
 impl ApprovalRequest {
     /// The request of run `r1` (uid `uid-1`) at step 0 for the state's first pending call, with
-    /// `decision` by alice@example.com for CR-1234, status Pending.
+    /// `decision` by alice@example.com for CR-1234 (stamped by the admission policy), status
+    /// Pending.
     pub fn test_for(state: &RunState, decision: Option<Decision>) -> ApprovalRequest {
         let call = &state.deferred_tool_requests.approvals[0];
         let arguments = call.arguments_json();
+        let agent = Agent::test();
+        let tool = &agent.spec.tools[0];
         let mut request = ApprovalRequest::new(
             &approval_request_name("r1", &call.tool_call_id),
             ApprovalRequestSpec {
@@ -124,6 +136,8 @@ impl ApprovalRequest {
                 arguments_digest: arguments_digest(&arguments),
                 arguments,
                 run_creator: None,
+                tool_endpoint: Some(tool.endpoint().to_owned()),
+                tool_definition_digest: Some(tool.definition_digest()),
                 decision,
                 approver_id: decision.map(|_| "alice@example.com".into()),
                 reason: decision.map(|_| "CR-1234".into()),
@@ -131,6 +145,16 @@ impl ApprovalRequest {
             },
         );
         request.metadata.namespace = Some("ns".into());
+        if decision.is_some() {
+            request.metadata.annotations = Some(
+                [(
+                    super::keys::annotations::DECIDED_BY.to_owned(),
+                    r#"{"username":"alice@example.com","uid":"","groups":["agentrun:approvers"]}"#
+                        .to_owned(),
+                )]
+                .into(),
+            );
+        }
         request.status = Some(ApprovalRequestStatus::default());
         request
     }

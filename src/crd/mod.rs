@@ -29,8 +29,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt;
 
 pub use agent::{
-    Agent, AgentSpec, AgentStatus, ApprovalSettings, HttpTool, ModelSpec, ScriptedModel,
-    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
+    Agent, AgentSnapshot, AgentSpec, AgentStatus, ApprovalSettings, HttpTool, ModelSpec,
+    ScriptedModel, ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
 };
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
@@ -38,7 +38,7 @@ pub use agent_run::{
 };
 pub use approval_request::{
     AgentRunRef, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus,
-    Decision, VerifiedIdentity, arguments_digest,
+    Decision, GitOpsDecision, VerifiedIdentity, arguments_digest,
 };
 pub use conditions::{
     ConditionStatus, find_condition, is_condition_true, new_condition, remove_condition,

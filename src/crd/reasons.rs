@@ -11,6 +11,8 @@ pub enum ConditionType {
     Ready,
     /// A tool call's outcome is unknown (a stopped worker may have sent a non-idempotent call).
     ToolOutcomeUnknown,
+    /// Whether an ApprovalRequest's decision was verified (False when it was refused).
+    Verified,
 }
 
 /// The reason of a condition.
@@ -36,6 +38,13 @@ pub enum Reason {
     Valid,
     /// An Agent's spec cannot be run.
     InvalidSpec,
+    /// The RunState's copy of the decisions, or a call's arguments, differ from the
+    /// ApprovalRequests: nothing was sent.
+    TamperedState,
+    /// A decision was not applied: nothing verifies who made it.
+    UnverifiedDecision,
+    /// A decision was not applied: the approver may not decide this run.
+    SeparationOfDuties,
 }
 
 /// The reason of an Event the controller publishes.
@@ -61,6 +70,10 @@ pub enum EventReason {
     AgentNotFound,
     /// A call's outcome is unknown and it was not sent again.
     ToolOutcomeUnknown,
+    /// The RunState or a call differs from what was approved: the run failed.
+    TamperedState,
+    /// A decision was not applied (unverified, or against separation of duties).
+    DecisionRefused,
 }
 
 #[cfg(test)]

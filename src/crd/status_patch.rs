@@ -6,7 +6,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde::Serialize;
 
-use super::{AgentRunPhase, ApprovalPhase, RunStateEncoding, ToolCallRecord, VerifiedIdentity};
+use super::{
+    AgentRunPhase, AgentSnapshot, ApprovalPhase, GitOpsDecision, RunStateEncoding, ToolCallRecord,
+    VerifiedIdentity,
+};
 
 /// A merge patch body: `{"metadata": {"resourceVersion": …}, "status": …}`, the resourceVersion
 /// present only when the write must fail (409) if the object changed since it was read.
@@ -98,6 +101,9 @@ pub struct AgentRunStatusPatch {
     /// `createdBy`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// `agent`, the snapshot of the run's Agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSnapshot>,
     /// `toolCalls`, the whole list.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallRecord>>,
@@ -119,6 +125,12 @@ pub struct ApprovalRequestStatusPatch {
     /// `verifiedIdentity`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified_identity: Option<VerifiedIdentity>,
+    /// `gitops`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<GitOpsDecision>,
+    /// `conditions`, the whole list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
 }
 
 #[cfg(test)]

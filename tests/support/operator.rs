@@ -30,6 +30,7 @@ pub fn test_policy() -> Policy {
         max_retries: 2,
         retry_backoff: Duration::from_millis(200),
         recheck: Duration::from_secs(2),
+        ..Default::default()
     }
 }
 

@@ -14,8 +14,8 @@ use crate::crd::keys::{finalizers, labels};
 use crate::crd::names::{run_label_value, worker_pod_name};
 use crate::crd::status_patch::{AgentRunStatusPatch, ApprovalRequestStatusPatch};
 use crate::crd::{
-    Agent, AgentRunPhase, AgentRunRef, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec,
-    ConditionStatus, ConditionType, EventReason, Reason,
+    Agent, AgentRunPhase, AgentRunRef, AgentSnapshot, ApprovalPhase, ApprovalRequest,
+    ApprovalRequestSpec, ConditionStatus, ConditionType, EventReason, Reason,
 };
 use crate::time::to_k8s;
 
@@ -23,6 +23,7 @@ use crate::time::to_k8s;
 pub(super) struct Planner<'a> {
     pub(super) o: &'a Observed,
     pub(super) worker: &'a WorkerSettings,
+    pub(super) policy: &'a Policy,
 }
 
 impl Planner<'_> {
@@ -88,18 +89,26 @@ impl Planner<'_> {
         ));
     }
 
-    pub(super) fn start_step(&self, agent: &Agent, step: u32, attempt: u32) -> Vec<Step> {
+    /// Starts a step's worker. The first start binds the run to its Agent (the snapshot every
+    /// step uses) and creates the run's worker identity from it.
+    pub(super) fn start_step(&self, agent: Option<&Agent>, step: u32, attempt: u32) -> Vec<Step> {
         let run = &self.o.run;
         let mut steps = vec![];
+        let bound = run.status.as_ref().and_then(|s| s.agent.as_ref()).is_some();
+        let snapshot = (!bound).then(|| agent.map(AgentSnapshot::of)).flatten();
         let own_account = run
             .spec
             .worker
             .as_ref()
             .and_then(|w| w.service_account_name.as_ref())
             .is_none();
-        if step == 0 && attempt == 0 && own_account {
+        if step == 0
+            && attempt == 0
+            && own_account
+            && let Some(spec) = snapshot.as_ref().and_then(|s| s.spec.as_ref())
+        {
             steps.push(Step::ApplyWorkerIdentity(Box::new(
-                children::worker_identity(run, agent),
+                children::worker_identity(run, spec),
             )));
         }
         let pod = worker_pod_name(&self.run_name(), step, attempt);
@@ -128,6 +137,7 @@ impl Planner<'_> {
                 ),
                 started_at: status.started_at.is_none().then(|| to_k8s(self.o.now)),
                 created_by,
+                agent: snapshot,
                 ..Default::default()
             },
             run.resource_version(),
@@ -161,19 +171,19 @@ impl Planner<'_> {
     pub(super) fn request_approvals(&self, create: Vec<NewRequest>, pending: u32) -> Vec<Step> {
         let run = &self.o.run;
         let run_name = self.run_name();
-        // With self-approval allowed the creator is not copied, so the policy does not refuse it.
-        let allow_self_approval = self
-            .o
-            .agent
-            .as_ref()
-            .is_some_and(|a| a.spec.approvals.allow_self_approval);
-        let creator = if allow_self_approval {
+        // With self-approval allowed (an admin setting) the creator is not copied, so the
+        // policy does not refuse it.
+        let creator = if self.policy.decisions.allow_self_approval {
             None
         } else {
-            run.status.as_ref().and_then(|s| s.created_by.clone())
+            self.o.creator().map(str::to_owned)
         };
         let mut steps = vec![];
         for new in create {
+            let tool = self
+                .o
+                .agent_spec()
+                .and_then(|spec| spec.tools.iter().find(|t| t.name == new.call.tool_name));
             let mut request = ApprovalRequest::new(
                 &new.name,
                 ApprovalRequestSpec {
@@ -187,6 +197,8 @@ impl Planner<'_> {
                     arguments_digest: crate::crd::arguments_digest(&new.arguments),
                     arguments: new.arguments.clone(),
                     run_creator: creator.clone(),
+                    tool_endpoint: tool.map(|t| t.endpoint().to_owned()),
+                    tool_definition_digest: tool.map(|t| t.definition_digest()),
                     decision: None,
                     approver_id: None,
                     reason: None,

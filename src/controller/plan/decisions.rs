@@ -1,7 +1,6 @@
 //! Applying the decisions of a halt: the RunState with each decision's audit fields, the next
 //! step, and the resolutions and Events that record them.
 
-use chrono::{DateTime, Utc};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
@@ -10,17 +9,67 @@ use super::{Announcement, MAX_NOTE, Plan, Step, patch_run, truncate};
 use super::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
 use crate::controller::decide::{ResolvedDecision, ResolvedKind};
 use crate::controller::resolutions::{self, Resolution};
+use crate::controller::verify::{Decider, Refusal};
 use crate::crd::names::worker_pod_name;
 use crate::crd::status_patch::AgentRunStatusPatch;
 use crate::crd::stored_state::StoredState;
-use crate::crd::{
-    AgentRunPhase, ApprovalPhase, ApprovalRequest, ConditionStatus, EventReason, Reason,
-};
+use crate::crd::{AgentRunPhase, ApprovalRequest, ConditionStatus, EventReason, Reason};
 use crate::state::{Approval, DecisionError, Rejection, RunState};
 
 impl Planner<'_> {
-    /// Applies every decision of the halt to the RunState, stores it with the next step, starts
-    /// that step's worker, and records and announces the decisions.
+    fn request(&self, name: &str) -> Option<&ApprovalRequest> {
+        self.o.requests.iter().find(|r| r.name_any() == name)
+    }
+
+    /// Records the resolutions observed in this reconcile on their requests (before anything
+    /// acts on them) and reports the decisions that were refused.
+    pub(super) fn record(
+        &self,
+        plan: &mut Plan,
+        resolved: &[ResolvedDecision],
+        refused: &[(String, Refusal)],
+    ) {
+        for decision in resolved.iter().filter(|d| d.new) {
+            let request = self.request(&decision.request);
+            plan.steps
+                .push(Step::RecordResolution(Resolution::of(decision, request)));
+        }
+        for (name, refusal) in refused {
+            let Some(request) = self.request(name) else {
+                continue;
+            };
+            let Some(conditions) = resolutions::refused_conditions(request, refusal, self.o.now)
+            else {
+                continue;
+            };
+            plan.refusals.push(refusal.reason);
+            let message = format!(
+                "the decision on {name} was not applied: {}",
+                refusal.message
+            );
+            plan.steps.push(Step::RecordRefusal {
+                request: name.clone(),
+                conditions,
+            });
+            plan.steps.push(patch_run(
+                AgentRunStatusPatch {
+                    conditions: self.ready(ConditionStatus::False, refusal.reason, &message),
+                    observed_generation: self.generation(),
+                    ..Default::default()
+                },
+                None,
+            ));
+            plan.steps.push(Step::Publish(Announcement {
+                type_: EventType::Warning,
+                reason: EventReason::DecisionRefused,
+                note: truncate(&format!("{}: {message}", refusal.reason), MAX_NOTE),
+                related: Some(request.object_ref(&())),
+            }));
+        }
+    }
+
+    /// Records the new resolutions, applies every decision of the halt to the RunState, stores
+    /// it with the next step, starts that step's worker, and announces the decisions.
     pub(super) fn resume(
         &self,
         plan: &mut Plan,
@@ -29,49 +78,25 @@ impl Planner<'_> {
     ) {
         let run = &self.o.run;
         let step = self.step() + 1;
+        self.record(plan, &decisions, &[]);
         let mut decided_times = vec![];
         let mut announcements = vec![];
         for decision in &decisions {
-            let request = self
-                .o
-                .requests
-                .iter()
-                .find(|r| r.name_any() == decision.request);
-            let decided_at = request
-                .and_then(resolutions::decision_time)
-                .unwrap_or(self.o.now);
-            if let Some(created) = request.and_then(|r| r.meta().creation_timestamp.as_ref()) {
-                let waited = decided_at - crate::time::from_k8s(created);
+            let request = self.request(&decision.request);
+            if decision.new
+                && let Some(created) = request.and_then(|r| r.meta().creation_timestamp.as_ref())
+            {
+                let waited = decision.decided_at - crate::time::from_k8s(created);
                 plan.approval_waits
                     .push(waited.num_milliseconds().max(0) as f64 / 1000.0);
             }
-            decided_times.push(decided_at);
-            let phase = match apply_decision(&mut state, decision, decided_at) {
-                Ok(phase) => phase,
-                Err(e) => {
-                    plan.steps.extend(self.fail(
-                        Reason::InvalidRunState,
-                        &format!("applying the decision on {}: {e}", decision.request),
-                    ));
-                    return;
-                }
-            };
-            let resolution = Resolution {
-                request: decision.request.clone(),
-                phase,
-                decided_at,
-                identity: request.and_then(resolutions::verified_identity_or_claimed),
-            };
-            // People's decisions are recorded on their requests after the next Pod exists, off
-            // the path from decision to Pod (a crash in between is repaired from the request
-            // alone, see `resolutions::repairs`); expiries and refusals first, as only this step
-            // knows them.
-            match phase {
-                _ if request.is_some_and(|r| resolution.is_recorded_on(r)) => {}
-                ApprovalPhase::Approved | ApprovalPhase::Rejected => {
-                    plan.after.push(Step::RecordResolution(resolution))
-                }
-                _ => plan.steps.push(Step::RecordResolution(resolution)),
+            decided_times.push(decision.decided_at);
+            if let Err(e) = apply_decision(&mut state, decision) {
+                plan.steps.extend(self.fail(
+                    Reason::InvalidRunState,
+                    &format!("applying the decision on {}: {e}", decision.request),
+                ));
+                return;
             }
             let (type_, reason, note) = decision_event(decision);
             let related = request.map(|r| r.object_ref(&())).unwrap_or_else(|| {
@@ -123,14 +148,13 @@ impl Planner<'_> {
     }
 }
 
-/// Applies one resolved decision to the state, with its audit fields, as made at `at`; returns
-/// the request's final phase.
+/// Applies one resolved decision to the state, with its audit fields as of when it was made.
 pub fn apply_decision(
     state: &mut RunState,
     decision: &ResolvedDecision,
-    at: DateTime<Utc>,
-) -> Result<ApprovalPhase, DecisionError> {
+) -> Result<(), DecisionError> {
     let id = &decision.tool_call_id;
+    let at = decision.decided_at;
     match &decision.kind {
         ResolvedKind::Approved {
             approver_id,
@@ -139,8 +163,7 @@ pub fn apply_decision(
             let mut approval = Approval::new().at(at);
             approval.approver_id = approver_id.clone();
             approval.reason = reason.clone();
-            state.approve(id, approval)?;
-            Ok(ApprovalPhase::Approved)
+            state.approve(id, approval)
         }
         ResolvedKind::Rejected {
             approver_id,
@@ -151,24 +174,21 @@ pub fn apply_decision(
             rejection.approver_id = approver_id.clone();
             rejection.reason = reason.clone();
             rejection.message = message.clone();
-            state.reject(id, rejection)?;
-            Ok(ApprovalPhase::Rejected)
+            state.reject(id, rejection)
         }
         ResolvedKind::Expired => {
             let rejection = Rejection::new()
                 .message(EXPIRED_MESSAGE)
                 .reason("expired")
                 .at(at);
-            state.reject(id, rejection)?;
-            Ok(ApprovalPhase::Expired)
+            state.reject(id, rejection)
         }
         ResolvedKind::Superseded { why } => {
             let rejection = Rejection::new()
                 .message(SUPERSEDED_MESSAGE)
                 .reason(format!("superseded: {why}"))
                 .at(at);
-            state.reject(id, rejection)?;
-            Ok(ApprovalPhase::Superseded)
+            state.reject(id, rejection)
         }
     }
 }
@@ -184,7 +204,12 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
         } => (
             EventType::Normal,
             EventReason::Approved,
-            format!("Approved by {}: {}", who(approver_id), why(reason)),
+            format!(
+                "Approved by {}{}: {}",
+                who(approver_id),
+                how(&decision.decider),
+                why(reason)
+            ),
         ),
         ResolvedKind::Rejected {
             approver_id,
@@ -193,7 +218,12 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
         } => (
             EventType::Normal,
             EventReason::Rejected,
-            format!("Rejected by {}: {}", who(approver_id), why(reason)),
+            format!(
+                "Rejected by {}{}: {}",
+                who(approver_id),
+                how(&decision.decider),
+                why(reason)
+            ),
         ),
         ResolvedKind::Expired => (
             EventType::Warning,
@@ -208,5 +238,17 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
             EventReason::Superseded,
             format!("Decision on {} refused: {why}", decision.request),
         ),
+    }
+}
+
+/// How a decider is shown after the approver's name: nothing for a verified identity.
+fn how(decider: &Option<Decider>) -> String {
+    match decider {
+        Some(Decider::GitOps(gitops)) => format!(
+            " (claimed via GitOps commit {}, applied by {})",
+            gitops.commit, gitops.applied_by.username
+        ),
+        Some(Decider::Claimed) => " (claimed, not verified)".to_owned(),
+        Some(Decider::Verified(_)) | None => String::new(),
     }
 }

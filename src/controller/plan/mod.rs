@@ -20,7 +20,7 @@ mod tests;
 use super::children::WorkerSettings;
 use super::decide::{self, Action, Policy};
 use super::observe::Observed;
-use super::resolutions::{self, Resolution};
+use super::resolutions::Resolution;
 use crate::crd::status_patch::{AgentRunStatusPatch, ApprovalRequestStatusPatch, StatusPatch};
 use crate::crd::stored_state::StoredState;
 use crate::crd::{
@@ -54,6 +54,9 @@ pub struct Plan {
     pub worker_failed: bool,
     /// Seconds each applied decision waited for a person (counted in the metrics).
     pub approval_waits: Vec<f64>,
+    /// Why something was refused: a tampered state, a decision that was not applied (counted in
+    /// the metrics).
+    pub refusals: Vec<Reason>,
 }
 
 /// When a run is reconciled again.
@@ -71,6 +74,13 @@ pub enum Requeue {
 pub enum Step {
     /// Record a request's resolution in its status.
     RecordResolution(Resolution),
+    /// Record in a request's conditions that its decision was refused.
+    RecordRefusal {
+        /// The request's name.
+        request: String,
+        /// Its conditions, with the refusal.
+        conditions: Vec<Condition>,
+    },
     /// Apply the run's worker ServiceAccount, Role and RoleBinding (server-side apply).
     ApplyWorkerIdentity(Box<(ServiceAccount, Role, RoleBinding)>),
     /// Write the chunks of an offloaded state, before the status that references them.
@@ -129,13 +139,7 @@ fn announce(type_: EventType, reason: EventReason, note: impl Into<String>) -> S
 
 /// Plans the next reconcile of a run.
 pub fn plan(observed: &Observed, policy: &Policy, worker: &WorkerSettings) -> Plan {
-    let mut plan = Plan {
-        steps: resolutions::repairs(observed)
-            .into_iter()
-            .map(Step::RecordResolution)
-            .collect(),
-        ..Default::default()
-    };
+    let mut plan = Plan::default();
     if observed.is_terminal() {
         return plan;
     }
@@ -159,21 +163,41 @@ pub fn plan(observed: &Observed, policy: &Policy, worker: &WorkerSettings) -> Pl
                 ..
             }
     );
+    if let Action::Fail {
+        reason: Reason::TamperedState,
+        ..
+    } = action
+    {
+        plan.refusals.push(Reason::TamperedState);
+    }
     let planner = Planner {
         o: observed,
         worker,
+        policy,
     };
     match action {
         Action::Wait => {}
         Action::Recheck(after) => plan.requeue = Requeue::After(after),
-        Action::StartStep { step, attempt } => match observed.agent.as_deref() {
-            Some(agent) => plan.steps.extend(planner.start_step(agent, step, attempt)),
-            None => planner.agent_missing(&mut plan, policy),
-        },
+        Action::StartStep { step, attempt } => {
+            plan.steps
+                .extend(planner.start_step(observed.agent.as_deref(), step, attempt))
+        }
         Action::AgentMissing => planner.agent_missing(&mut plan, policy),
         Action::CreatePod { step, attempt } => {
             plan.steps
                 .push(planner.create_pod(step, attempt, true, vec![]))
+        }
+        Action::Record {
+            resolved,
+            refused,
+            recheck,
+        } => {
+            planner.record(&mut plan, &resolved, &refused);
+            // A refused decision is looked at again (e.g. once the policies are installed).
+            let again = (!refused.is_empty()).then_some(policy.recheck);
+            if let Some(after) = recheck.into_iter().chain(again).min() {
+                plan.requeue = Requeue::After(after);
+            }
         }
         Action::RequestApprovals { create, pending } => plan
             .steps

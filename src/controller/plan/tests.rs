@@ -52,9 +52,22 @@ fn ready_reason(patch: &AgentRunStatusPatch) -> String {
 fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
     let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
     request.metadata.creation_timestamp = Some(to_k8s(Utc::now() - chrono::Duration::seconds(30)));
-    let plan = plan_of(&awaiting(request));
-    assert_eq!(plan.steps.len(), 2, "{:?}", plan.steps);
-    let patch = run_patch(&plan.steps[0]);
+    request.metadata.resource_version = Some("5".into());
+    let o = awaiting(request);
+    let plan = plan_of(&o);
+    assert_eq!(plan.steps.len(), 3, "{:?}", plan.steps);
+    // The decision is recorded first, at the time the controller observed it, guarded by the
+    // request's version.
+    match &plan.steps[0] {
+        Step::RecordResolution(r) => {
+            assert_eq!(r.phase, ApprovalPhase::Approved);
+            assert_eq!(r.identity.as_ref().unwrap().username, "alice@example.com");
+            assert_eq!(r.decided_at, o.now);
+            assert_eq!(r.resource_version.as_deref(), Some("5"));
+        }
+        other => panic!("expected the resolution first, got {other:?}"),
+    }
+    let patch = run_patch(&plan.steps[1]);
     assert_eq!(patch.metadata.as_ref().unwrap().resource_version, "7");
     let status = &patch.status;
     assert_eq!(status.phase, Some(AgentRunPhase::Running));
@@ -74,7 +87,7 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
     let audit = &state.approval_metadata["call_1"];
     assert_eq!(audit.approver_id.as_deref(), Some("alice@example.com"));
     assert_eq!(audit.reason.as_deref(), Some("CR-1234"));
-    match &plan.steps[1] {
+    match &plan.steps[2] {
         Step::CreatePod {
             pod,
             announce,
@@ -87,9 +100,7 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
         other => panic!("expected CreatePod, got {other:?}"),
     }
     match &plan.after[..] {
-        [Step::RecordResolution(r), Step::Publish(event)] => {
-            assert_eq!(r.phase, ApprovalPhase::Approved);
-            assert_eq!(r.identity.as_ref().unwrap().username, "alice@example.com");
+        [Step::Publish(event)] => {
             assert_eq!(event.reason, EventReason::Approved);
             assert_eq!(
                 event.note,
@@ -97,7 +108,7 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
             );
             assert!(event.related.is_some());
         }
-        other => panic!("expected a resolution and an Event, got {other:?}"),
+        other => panic!("expected an Event, got {other:?}"),
     }
     assert_eq!(plan.approval_waits.len(), 1);
     assert!(plan.approval_waits[0] >= 29.0, "{:?}", plan.approval_waits);
@@ -239,12 +250,14 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
     assert_eq!(patch.status.phase, Some(AgentRunPhase::AwaitingApproval));
     assert_eq!(patch.status.pending_approvals, Some(1));
 
-    // Self-approval allowed: the creator is not copied, so the policy does not refuse it.
+    // Self-approval allowed by the admin: the creator is not copied, so the policy does not
+    // refuse it.
     let mut agent = Agent::test();
-    agent.spec.approvals.allow_self_approval = true;
     agent.spec.tools[0].approval_timeout = Some("30m".into());
     o.agent = Some(std::sync::Arc::new(agent));
-    match &plan_of(&o).steps[0] {
+    let mut policy = Policy::default();
+    policy.decisions.allow_self_approval = true;
+    match &super::plan(&o, &policy, &WorkerSettings::default()).steps[0] {
         Step::CreateRequest {
             request, status, ..
         } => {
@@ -256,7 +269,7 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
 }
 
 #[test]
-fn stale_and_finished_runs_do_nothing_but_repairs() {
+fn stale_and_finished_runs_do_nothing() {
     let mut o = Observed::of(AgentRun::test().in_phase(Some(AgentRunPhase::Running)));
     o.stale = true;
     let plan = plan_of(&o);
@@ -273,7 +286,7 @@ fn stale_and_finished_runs_do_nothing_but_repairs() {
         Some(Decision::Approved),
     )];
     let plan = plan_of(&o);
-    assert!(matches!(&plan.steps[..], [Step::RecordResolution(_)]));
+    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     assert_eq!(plan.requeue, Requeue::AwaitChange);
 }
 

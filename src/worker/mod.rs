@@ -1,26 +1,32 @@
-//! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from its
-//! `Agent` (reading the API key from the Secret the Agent names), loads the RunState from the run's
-//! status, runs the agent loop until it halts for approval or finishes, and writes the new state
-//! back — only if the run is still at the step it was started for.
+//! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from the
+//! snapshot of its `Agent` the run is bound to (reading the API key from the Secret it names),
+//! loads the RunState from the run's status, runs the agent loop until it halts for approval or
+//! finishes, and writes the new state back — only if the run is still at the step it was started
+//! for. Before it sends a call that needs approval it checks the call against its ApprovalRequest
+//! ([`calls`]): a call the request does not approve as it is about to be sent is never sent.
+
+mod calls;
+
+pub use calls::UNKNOWN_OUTCOME_MESSAGE;
+
+/// The exit code of a worker that refused to send a call (`TamperedState`): the controller fails
+/// the run instead of retrying the step.
+pub const TAMPERED_EXIT_CODE: u8 = 3;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use futures::future::BoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tokio::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use crate::agent::{ApiKey, HookError, RunHooks, RunStatus, Runner, ToolCallGate, ToolCallStart};
+use crate::agent::{ApiKey, RunStatus, Runner};
 use crate::chunk_store;
+use crate::crd::AgentRun;
 use crate::crd::keys::field_managers;
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::stored_state::{StoredState, StoredStateError};
-use crate::crd::{Agent, AgentRun, ToolCallRecord};
 use crate::state::RunState;
 
 /// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
@@ -30,9 +36,16 @@ pub enum WorkerError {
     /// A Kubernetes API request failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// The run's Agent does not exist.
-    #[error("Agent {0} not found")]
-    AgentNotFound(String),
+    /// The run is not bound to a snapshot of its Agent (or the snapshot does not match its
+    /// digest).
+    #[error(
+        "the run has no valid snapshot of Agent {0}; the controller records it when the run starts"
+    )]
+    NoAgentSnapshot(String),
+    /// A call about to be sent does not match what was approved, or the state's copy of the
+    /// decisions is not what the ApprovalRequests say: nothing was sent.
+    #[error("TamperedState: {0}")]
+    Tampered(String),
     /// The Agent's spec cannot be used.
     #[error("{0}")]
     Agent(#[from] crate::agent::AgentError),
@@ -86,14 +99,14 @@ pub async fn run_step(
             current,
         });
     }
-    let agents: Api<Agent> = Api::namespaced(client.clone(), namespace);
     let agent_name = run.spec.agent_ref.name.clone();
-    let resource = agents
-        .get_opt(&agent_name)
-        .await?
-        .ok_or_else(|| WorkerError::AgentNotFound(agent_name.clone()))?;
-    let mut agent = crate::agent::Agent::from_spec_with_name(&agent_name, &resource.spec)?;
-    if let Some(secret_ref) = resource.spec.model.api_key_secret_ref.as_ref() {
+    let spec = status
+        .agent
+        .as_ref()
+        .and_then(|snapshot| snapshot.verified_spec())
+        .ok_or_else(|| WorkerError::NoAgentSnapshot(agent_name.clone()))?;
+    let mut agent = crate::agent::Agent::from_spec_with_name(&agent_name, spec)?;
+    if let Some(secret_ref) = spec.model.api_key_secret_ref.as_ref() {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let secret =
             secrets
@@ -129,15 +142,20 @@ pub async fn run_step(
             run.spec.input.clone(),
         ),
     };
-    let hooks = Arc::new(StartRecorder {
-        runs: runs.clone(),
-        name: name.to_owned(),
+    let hooks = Arc::new(calls::CallGate::new(
+        client.clone(),
+        &run,
         step,
-        records: Mutex::new(status.tool_calls.clone()),
-    });
-    let runner = Runner::new()?.with_hooks(hooks);
+        spec.clone(),
+        status.tool_calls.clone(),
+    ));
+    let runner = Runner::new()?.with_hooks(hooks.clone());
     info!(run = %name, step, "running step");
     let outcome = runner.step(&agent, &mut state).await;
+    if let Some(why) = hooks.refused() {
+        // Nothing of this step is written: the state stays as found, for the audit.
+        return Err(WorkerError::Tampered(why));
+    }
     let status = match outcome {
         Ok(status) => status,
         Err(error) => {
@@ -208,84 +226,4 @@ async fn write_state(
         expected: step,
         current: step,
     })
-}
-
-/// The message a model gets for a call of a non-idempotent tool that a stopped worker may already
-/// have sent: it is not sent again.
-pub const UNKNOWN_OUTCOME_MESSAGE: &str = "The outcome of this tool call is unknown: a worker stopped after sending it, and the tool is not idempotent, so it was not sent again. Check the system before retrying.";
-
-/// Records each tool call in the run's status before it is sent (at-most-once execution). A call
-/// already recorded by an earlier worker of the run was sent before a crash: it is re-sent with the
-/// same Idempotency-Key when the tool is idempotent (and counted in `resent`), and otherwise not
-/// sent at all: the model is told its outcome is unknown and the record says `Unknown`.
-struct StartRecorder {
-    runs: Api<AgentRun>,
-    name: String,
-    step: u32,
-    records: Mutex<Vec<ToolCallRecord>>,
-}
-
-impl StartRecorder {
-    async fn save(&self, records: &[ToolCallRecord]) -> Result<(), HookError> {
-        let params = PatchParams {
-            field_manager: Some(field_managers::WORKER.into()),
-            ..Default::default()
-        };
-        let patch = StatusPatch::unguarded(AgentRunStatusPatch {
-            tool_calls: Some(records.to_vec()),
-            ..Default::default()
-        });
-        self.runs
-            .patch_status(&self.name, &params, &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
-            .map_err(|e| HookError::new(format!("recording the tool call start: {e}")))
-    }
-}
-
-impl RunHooks for StartRecorder {
-    fn before_tool_call<'a>(
-        &'a self,
-        call: ToolCallStart<'a>,
-    ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
-        Box::pin(async move {
-            let mut records = self.records.lock().await;
-            let gate = match records
-                .iter_mut()
-                .find(|r| r.tool_call_id == call.tool_call_id)
-            {
-                Some(record) if call.idempotent => {
-                    record.resent = Some(record.resent.unwrap_or(0) + 1);
-                    warn!(
-                        tool_call_id = call.tool_call_id,
-                        "re-sending a call a stopped worker had started, with the same Idempotency-Key"
-                    );
-                    ToolCallGate::Send
-                }
-                Some(record) => {
-                    record.outcome = Some("Unknown".into());
-                    warn!(
-                        tool_call_id = call.tool_call_id,
-                        "not re-sending a non-idempotent call a stopped worker had started"
-                    );
-                    ToolCallGate::Skip {
-                        result: UNKNOWN_OUTCOME_MESSAGE.into(),
-                    }
-                }
-                None => {
-                    records.push(ToolCallRecord {
-                        tool_call_id: call.tool_call_id.to_owned(),
-                        tool_name: call.tool_name.to_owned(),
-                        step: self.step,
-                        started_at: Time(k8s_openapi::jiff::Timestamp::now()),
-                        resent: None,
-                        outcome: None,
-                    });
-                    ToolCallGate::Send
-                }
-            };
-            self.save(&records).await?;
-            Ok(gate)
-        })
-    }
 }

@@ -1,0 +1,324 @@
+//! The gate every tool call of a step passes just before it is sent:
+//!
+//! - a call that needs approval is sent only if its ApprovalRequest (read with the worker's own,
+//!   read-only rights) is recorded Approved by the controller for this run, step, call and tool,
+//!   with the digest of the exact bytes about to be sent and the definition and endpoint of the
+//!   tool about to be called; anything else refuses the call and ends the step (`TamperedState`);
+//! - every call is recorded in the run's status before it is sent (at-most-once execution). A
+//!   call already recorded by an earlier worker of the run was sent before a crash: it is re-sent
+//!   with the same Idempotency-Key when the tool is idempotent (and counted in `resent`), and
+//!   otherwise not sent at all: the model is told its outcome is unknown and the record says
+//!   `Unknown`.
+
+use std::sync::Mutex as SyncMutex;
+
+use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use tokio::sync::Mutex;
+use tracing::warn;
+
+use crate::agent::{HookError, RunHooks, ToolCallGate, ToolCallStart};
+use crate::controller::verify::normalize;
+use crate::crd::keys::{annotations, field_managers};
+use crate::crd::policy::DecidedBy;
+use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
+use crate::crd::{
+    AgentRun, AgentSpec, ApprovalPhase, ApprovalRequest, Decision, ToolCallRecord,
+    approval_request_name, arguments_digest,
+};
+
+/// The message a model gets for a call of a non-idempotent tool that a stopped worker may already
+/// have sent: it is not sent again.
+pub const UNKNOWN_OUTCOME_MESSAGE: &str = "The outcome of this tool call is unknown: a worker stopped after sending it, and the tool is not idempotent, so it was not sent again. Check the system before retrying.";
+
+/// The gate of one step's tool calls.
+pub struct CallGate {
+    runs: Api<AgentRun>,
+    requests: Api<ApprovalRequest>,
+    run: String,
+    run_uid: String,
+    step: u32,
+    spec: AgentSpec,
+    records: Mutex<Vec<ToolCallRecord>>,
+    refused: SyncMutex<Option<String>>,
+}
+
+impl CallGate {
+    /// The gate of `step` of `run`, whose calls use the tools of `spec` (the run's snapshot).
+    pub fn new(
+        client: Client,
+        run: &AgentRun,
+        step: u32,
+        spec: AgentSpec,
+        records: Vec<ToolCallRecord>,
+    ) -> CallGate {
+        let ns = run.namespace().unwrap_or_default();
+        CallGate {
+            runs: Api::namespaced(client.clone(), &ns),
+            requests: Api::namespaced(client, &ns),
+            run: run.name_any(),
+            run_uid: run.uid().unwrap_or_default(),
+            step,
+            spec,
+            records: Mutex::new(records),
+            refused: SyncMutex::new(None),
+        }
+    }
+
+    /// Why a call was refused, if one was: the step must end without writing anything.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Checks an approved call against its ApprovalRequest.
+    async fn check_approval(&self, call: &ToolCallStart<'_>) -> Result<(), String> {
+        let name = approval_request_name(&self.run, call.tool_call_id);
+        let request = self
+            .requests
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading ApprovalRequest {name}: {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "{} is marked approved, but its ApprovalRequest {name} does not exist",
+                    call.tool_call_id
+                )
+            })?;
+        let tool = self
+            .spec
+            .tools
+            .iter()
+            .find(|t| t.name == call.tool_name)
+            .ok_or_else(|| format!("the run's Agent has no tool {}", call.tool_name))?;
+        let expected = Expected {
+            run_uid: &self.run_uid,
+            step: self.step,
+            tool_call_id: call.tool_call_id,
+            tool_name: call.tool_name,
+            arguments_digest: arguments_digest(call.body),
+            tool_endpoint: tool.endpoint(),
+            tool_definition_digest: tool.definition_digest(),
+        };
+        check_request(&request, &expected)
+    }
+
+    async fn record_start(&self, call: &ToolCallStart<'_>) -> Result<ToolCallGate, HookError> {
+        let mut records = self.records.lock().await;
+        let gate = match records
+            .iter_mut()
+            .find(|r| r.tool_call_id == call.tool_call_id)
+        {
+            Some(record) if call.idempotent => {
+                record.resent = Some(record.resent.unwrap_or(0) + 1);
+                warn!(
+                    tool_call_id = call.tool_call_id,
+                    "re-sending a call a stopped worker had started, with the same Idempotency-Key"
+                );
+                ToolCallGate::Send
+            }
+            Some(record) => {
+                record.outcome = Some("Unknown".into());
+                warn!(
+                    tool_call_id = call.tool_call_id,
+                    "not re-sending a non-idempotent call a stopped worker had started"
+                );
+                ToolCallGate::Skip {
+                    result: UNKNOWN_OUTCOME_MESSAGE.into(),
+                }
+            }
+            None => {
+                records.push(ToolCallRecord {
+                    tool_call_id: call.tool_call_id.to_owned(),
+                    tool_name: call.tool_name.to_owned(),
+                    step: self.step,
+                    started_at: Time(k8s_openapi::jiff::Timestamp::now()),
+                    resent: None,
+                    outcome: None,
+                });
+                ToolCallGate::Send
+            }
+        };
+        let params = PatchParams {
+            field_manager: Some(field_managers::WORKER.into()),
+            ..Default::default()
+        };
+        let patch = StatusPatch::unguarded(AgentRunStatusPatch {
+            tool_calls: Some(records.clone()),
+            ..Default::default()
+        });
+        self.runs
+            .patch_status(&self.run, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|e| HookError::new(format!("recording the tool call start: {e}")))?;
+        Ok(gate)
+    }
+}
+
+impl RunHooks for CallGate {
+    fn before_tool_call<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+    ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
+        Box::pin(async move {
+            if call.requires_approval
+                && let Err(why) = self.check_approval(&call).await
+            {
+                let why = format!("{}: {why}", call.tool_call_id);
+                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                return Err(HookError::new(format!("not sent: {why}")));
+            }
+            self.record_start(&call).await
+        })
+    }
+}
+
+/// What an ApprovalRequest must say for a call to be sent.
+#[derive(Clone, Debug)]
+struct Expected<'a> {
+    run_uid: &'a str,
+    step: u32,
+    tool_call_id: &'a str,
+    tool_name: &'a str,
+    arguments_digest: String,
+    tool_endpoint: &'a str,
+    tool_definition_digest: String,
+}
+
+/// Whether `request` approves exactly the call `expected` describes; `Err` says what differs.
+fn check_request(request: &ApprovalRequest, expected: &Expected<'_>) -> Result<(), String> {
+    let spec = &request.spec;
+    let status = request.status.clone().unwrap_or_default();
+    let name = request.name_any();
+    if status.phase != Some(ApprovalPhase::Approved) || spec.decision != Some(Decision::Approved) {
+        return Err(format!(
+            "{name} is {}, not recorded Approved by the controller",
+            status.phase.unwrap_or_default()
+        ));
+    }
+    if spec.agent_run_ref.uid != expected.run_uid {
+        return Err(format!(
+            "{name} belongs to run uid {}",
+            spec.agent_run_ref.uid
+        ));
+    }
+    if spec.step + 1 != expected.step {
+        return Err(format!(
+            "{name} was made at step {}, but this worker runs step {}",
+            spec.step, expected.step
+        ));
+    }
+    if spec.tool_call_id != expected.tool_call_id || spec.tool_name != expected.tool_name {
+        return Err(format!(
+            "{name} approves {} ({}), not this call",
+            spec.tool_call_id, spec.tool_name
+        ));
+    }
+    if spec.arguments_digest != expected.arguments_digest || !spec.digest_matches() {
+        return Err(format!(
+            "the arguments about to be sent (SHA-256 {}) are not the ones {name} approved ({})",
+            expected.arguments_digest, spec.arguments_digest
+        ));
+    }
+    if spec.tool_endpoint.as_deref() != Some(expected.tool_endpoint)
+        || spec.tool_definition_digest.as_deref() != Some(&expected.tool_definition_digest)
+    {
+        return Err(format!(
+            "the tool about to be called ({} at {}) is not the one {name} approved",
+            expected.tool_definition_digest, expected.tool_endpoint
+        ));
+    }
+    if let Some(identity) = &status.verified_identity {
+        let approver = spec.approver_id.as_deref().unwrap_or_default();
+        let stamp = request
+            .annotations()
+            .get(annotations::DECIDED_BY)
+            .and_then(|text| DecidedBy::parse(text).ok());
+        let stamped = stamp.is_some_and(|s| normalize(&s.username) == normalize(approver));
+        if !stamped || normalize(&identity.username) != normalize(approver) {
+            return Err(format!(
+                "{name} names {approver} as approver, but the API server stamped someone else"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ApprovalRequestStatus, VerifiedIdentity, halted_state};
+
+    fn approved() -> ApprovalRequest {
+        let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+        request.spec.tool_endpoint = Some("http://127.0.0.1:2/d".into());
+        request.spec.tool_definition_digest = Some("d".repeat(64));
+        request.status = Some(ApprovalRequestStatus {
+            phase: Some(ApprovalPhase::Approved),
+            verified_identity: Some(VerifiedIdentity {
+                username: "alice@example.com".into(),
+                uid: None,
+                groups: vec![],
+            }),
+            ..Default::default()
+        });
+        request
+    }
+
+    fn expected(request: &ApprovalRequest) -> Expected<'static> {
+        Expected {
+            run_uid: "uid-1",
+            step: 1,
+            tool_call_id: "call_1",
+            tool_name: "delete_user",
+            arguments_digest: request.spec.arguments_digest.clone(),
+            tool_endpoint: "http://127.0.0.1:2/d",
+            tool_definition_digest: "d".repeat(64),
+        }
+    }
+
+    #[test]
+    fn an_approved_call_as_approved_is_sent() {
+        let request = approved();
+        assert_eq!(check_request(&request, &expected(&request)), Ok(()));
+    }
+
+    #[test]
+    fn anything_that_differs_from_the_approval_is_refused() {
+        let request = approved();
+        let base = expected(&request);
+        let refused = |mutate: &dyn Fn(&mut ApprovalRequest, &mut Expected<'static>)| {
+            let (mut r, mut e) = (request.clone(), base.clone());
+            mutate(&mut r, &mut e);
+            check_request(&r, &e).unwrap_err()
+        };
+        let why = refused(&|_, e| e.arguments_digest = arguments_digest(r#"{"user_id": "u-666"}"#));
+        assert!(why.contains("arguments about to be sent"), "{why}");
+        let why = refused(&|_, e| e.tool_endpoint = "http://evil.example/d");
+        assert!(why.contains("not the one"), "{why}");
+        let why = refused(&|_, e| e.tool_definition_digest = "e".repeat(64));
+        assert!(why.contains("not the one"), "{why}");
+        let why = refused(&|r, _| r.status.as_mut().unwrap().phase = Some(ApprovalPhase::Pending));
+        assert!(why.contains("not recorded Approved"), "{why}");
+        let why = refused(&|r, _| r.spec.decision = Some(Decision::Rejected));
+        assert!(why.contains("not recorded Approved"), "{why}");
+        let why = refused(&|r, _| r.spec.agent_run_ref.uid = "uid-2".into());
+        assert!(why.contains("run uid"), "{why}");
+        let why = refused(&|_, e| e.step = 3);
+        assert!(why.contains("step"), "{why}");
+        let why = refused(&|r, _| {
+            r.metadata.annotations = Some(
+                [(
+                    annotations::DECIDED_BY.to_owned(),
+                    r#"{"username":"bob@example.com","uid":"","groups":[]}"#.to_owned(),
+                )]
+                .into(),
+            )
+        });
+        assert!(why.contains("stamped someone else"), "{why}");
+    }
+}

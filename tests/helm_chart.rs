@@ -1230,6 +1230,7 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
             max_retries: 1,
             retry_backoff: Duration::from_millis(200),
             recheck: Duration::from_secs(2),
+            ..Default::default()
         },
         metrics_addr: Some(metrics_addr),
         leader_election: Some(LeaderElection {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use backon::Retryable;
 use serde::Serialize;
 
 use super::{
@@ -56,16 +57,6 @@ struct ChatRequest<'a> {
     messages: Vec<&'a Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<serde_json::Value>,
-}
-
-/// Outcome of one attempt that may be retried.
-enum Attempt {
-    Done(Result<ModelResponse, ModelError>),
-    Retry {
-        why: String,
-        retry_after: Option<Duration>,
-        last_error: ModelError,
-    },
 }
 
 impl OpenAiProvider {
@@ -144,7 +135,7 @@ impl OpenAiProvider {
     pub(super) async fn complete(
         &self,
         client: &reqwest::Client,
-        retry: &RetryPolicy,
+        policy: &RetryPolicy,
         request: ModelRequest<'_>,
     ) -> Result<ModelResponse, ModelError> {
         let system = (!request.instructions.is_empty()).then(|| {
@@ -158,29 +149,24 @@ impl OpenAiProvider {
         let body = serde_json::to_vec(&body).map_err(|e| ModelError::Encode(e.to_string()))?;
         let endpoint = self.shown_endpoint();
         let mut attempts: u32 = 0;
-        loop {
+        let send = || {
             attempts += 1;
-            match self.attempt(client, &body, &endpoint, attempts).await {
-                Attempt::Done(result) => return result,
-                Attempt::Retry {
-                    why,
-                    retry_after,
-                    last_error,
-                } => {
-                    if attempts > self.max_retries {
-                        return Err(last_error);
-                    }
-                    let delay = retry.delay(attempts, retry_after);
-                    tracing::warn!(
-                        endpoint = %endpoint,
-                        attempt = attempts,
-                        delay_ms = delay.as_millis() as u64,
-                        "model request failed ({why}); retrying"
-                    );
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+            self.attempt(client, &body, &endpoint, attempts)
+        };
+        send.retry(policy.backoff(self.max_retries))
+            .when(|failed| failed.retry.is_some())
+            .adjust(|failed, delay| delay.map(|delay| policy.wait(failed.retry_after, delay)))
+            .notify(|failed, delay| {
+                tracing::warn!(
+                    endpoint = %endpoint,
+                    attempt = failed.attempt,
+                    delay_ms = delay.as_millis() as u64,
+                    "model request failed ({}); retrying",
+                    failed.retry.as_deref().unwrap_or_default()
+                );
+            })
+            .await
+            .map_err(|failed| failed.error)
     }
 
     async fn attempt(
@@ -189,7 +175,7 @@ impl OpenAiProvider {
         body: &[u8],
         endpoint: &str,
         attempts: u32,
-    ) -> Attempt {
+    ) -> Result<ModelResponse, Failed> {
         let mut builder = client
             .post(self.endpoint.clone())
             .timeout(self.timeout)
@@ -214,16 +200,12 @@ impl OpenAiProvider {
             Ok(response) => response,
             Err(e) => {
                 let retryable = e.is_connect() || e.is_timeout() || e.is_request();
-                let last_error = transport(e);
-                return if retryable {
-                    Attempt::Retry {
-                        why: last_error.to_string(),
-                        retry_after: None,
-                        last_error,
-                    }
+                let error = transport(e);
+                return Err(if retryable {
+                    Failed::retryable(error, attempts)
                 } else {
-                    Attempt::Done(Err(last_error))
-                };
+                    Failed::last(error, attempts)
+                });
             }
         };
         let status = response.status();
@@ -231,46 +213,75 @@ impl OpenAiProvider {
         let read = read_body_limited(response, MAX_MODEL_RESPONSE_BYTES).await;
         if status.is_success() {
             return match read {
-                Ok((_, true)) => Attempt::Done(Err(ModelError::InvalidResponse {
-                    endpoint: endpoint.to_owned(),
-                    reason: format!("the body is larger than {MAX_MODEL_RESPONSE_BYTES} bytes"),
-                })),
-                Ok((bytes, false)) => {
-                    Attempt::Done(parse_chat_completion(&bytes).map_err(|reason| {
+                Ok((_, true)) => Err(Failed::last(
+                    ModelError::InvalidResponse {
+                        endpoint: endpoint.to_owned(),
+                        reason: format!("the body is larger than {MAX_MODEL_RESPONSE_BYTES} bytes"),
+                    },
+                    attempts,
+                )),
+                Ok((bytes, false)) => parse_chat_completion(&bytes).map_err(|reason| {
+                    Failed::last(
                         ModelError::InvalidResponse {
                             endpoint: endpoint.to_owned(),
                             reason,
-                        }
-                    }))
-                }
-                Err(e) => {
-                    let last_error = transport(e);
-                    Attempt::Retry {
-                        why: last_error.to_string(),
-                        retry_after: None,
-                        last_error,
-                    }
-                }
+                        },
+                        attempts,
+                    )
+                }),
+                Err(e) => Err(Failed::retryable(transport(e), attempts)),
             };
         }
         let body = match &read {
             Ok((bytes, _)) => excerpt(bytes),
             Err(_) => "(body unreadable)".to_owned(),
         };
-        let last_error = ModelError::Status {
+        let error = ModelError::Status {
             endpoint: endpoint.to_owned(),
             status: status.as_u16(),
             attempts,
             body,
         };
-        if status.as_u16() == 429 || status.is_server_error() {
-            Attempt::Retry {
-                why: format!("HTTP {}", status.as_u16()),
+        Err(if status.as_u16() == 429 || status.is_server_error() {
+            Failed {
+                error,
+                attempt: attempts,
+                retry: Some(format!("HTTP {}", status.as_u16())),
                 retry_after,
-                last_error,
             }
         } else {
-            Attempt::Done(Err(last_error))
+            Failed::last(error, attempts)
+        })
+    }
+}
+
+/// A failed request: the error to report if no retry follows, and whether one may.
+struct Failed {
+    error: ModelError,
+    /// The attempt that failed (1 for the first request).
+    attempt: u32,
+    /// Why a retry may succeed, for the log; `None` when retrying cannot help.
+    retry: Option<String>,
+    /// The wait the server asked for.
+    retry_after: Option<Duration>,
+}
+
+impl Failed {
+    fn last(error: ModelError, attempt: u32) -> Failed {
+        Failed {
+            error,
+            attempt,
+            retry: None,
+            retry_after: None,
+        }
+    }
+
+    fn retryable(error: ModelError, attempt: u32) -> Failed {
+        Failed {
+            retry: Some(error.to_string()),
+            error,
+            attempt,
+            retry_after: None,
         }
     }
 }

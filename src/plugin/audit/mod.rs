@@ -5,97 +5,24 @@
 //! When the two sources disagree (a different approver or reason, a digest that does not match),
 //! the row carries a warning instead of silently preferring one of them.
 
-use std::collections::{HashMap, HashSet};
+mod entries;
 
 use kube::ResourceExt;
 use serde::Serialize;
 
+pub use entries::{AuditDecision, AuditEntry, audit_entries};
+
 use super::cli::{AuditArgs, OutputFormat};
-use super::text::{Table, rfc3339, shorten};
+use super::text::{Table, shorten};
 use super::{PluginError, Session, render_report};
-use crate::agent::model::{self, ToolArguments};
+use crate::crd::{AgentRun, ApprovalRequest};
 use crate::chunk_store;
-use crate::crd::{AgentRun, ApprovalPhase, ApprovalRequest, arguments_digest};
 use crate::state::RunState;
-use crate::state::pyjson::{self, Value};
-use crate::time::try_from_k8s as to_utc;
 
 /// How many hex digits of the arguments digest the table shows (`-o json` has all of them).
 pub const DIGEST_WIDTH: usize = 12;
 /// How many characters of a reason or message the table shows.
 pub const TEXT_WIDTH: usize = 40;
-
-/// What happened to a call's approval.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum AuditDecision {
-    /// The tool needs no approval.
-    NotRequired,
-    /// Waiting for a decision.
-    Pending,
-    /// Approved.
-    Approved,
-    /// Rejected by a person.
-    Rejected,
-    /// Not decided in time: treated as rejected.
-    Expired,
-    /// The call changed after the request was made: treated as rejected.
-    Superseded,
-}
-
-impl AuditDecision {
-    /// The decision as shown in the table.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditDecision::NotRequired => "NotRequired",
-            AuditDecision::Pending => "Pending",
-            AuditDecision::Approved => "Approved",
-            AuditDecision::Rejected => "Rejected",
-            AuditDecision::Expired => "Expired",
-            AuditDecision::Superseded => "Superseded",
-        }
-    }
-}
-
-/// The audit record of one tool call.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEntry {
-    /// The model's id of the call.
-    pub tool_call_id: String,
-    /// The tool.
-    pub tool: String,
-    /// SHA-256 (lowercase hex) of the ApprovalRequest's arguments, or of the call's arguments
-    /// serialized as the ApprovalRequest would carry them.
-    pub arguments_digest: String,
-    /// Whether the call needed a person's approval.
-    pub requires_approval: bool,
-    /// What was decided.
-    pub decision: AuditDecision,
-    /// False while a decision set on the ApprovalRequest is not yet in the run's state.
-    pub applied: bool,
-    /// The approverId claimed in the decision.
-    pub approver_id: Option<String>,
-    /// The identity the API server authenticated for the decision (ApprovalRequest
-    /// `status.verifiedIdentity.username`), when recorded.
-    pub verified_identity: Option<String>,
-    /// The reason (audit only).
-    pub reason: Option<String>,
-    /// What the model was told instead of the result (rejections).
-    pub message: Option<String>,
-    /// When the decision was made: the ApprovalRequest's `status.decidedAt`, else the
-    /// `approval_metadata` timestamp (RFC 3339).
-    pub decided_at: Option<String>,
-    /// Whether the tool ran: a tool message answers the call and it was approved or needed no
-    /// approval.
-    pub executed: bool,
-    /// The ApprovalRequest of the call.
-    pub approval_request: Option<String>,
-    /// The step that halted for the call (from the ApprovalRequest).
-    pub step: Option<u32>,
-    /// Disagreements between the run's state and the ApprovalRequest.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-}
 
 /// The audit of one run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -111,195 +38,6 @@ pub struct AuditReport {
     pub phase: Option<String>,
     /// Every tool call, in the order the model made them.
     pub calls: Vec<AuditEntry>,
-}
-
-/// The digest of a call's arguments as the model wrote them, serialized the way the controller
-/// writes an ApprovalRequest's arguments (the raw text when it is not JSON).
-fn written_arguments_digest(arguments: &ToolArguments) -> String {
-    let text = match arguments {
-        ToolArguments::Text(text) if text.trim().is_empty() => "{}".to_owned(),
-        ToolArguments::Text(text) => pyjson::loads(text)
-            .ok()
-            .and_then(|v| pyjson::dumps(&v).ok())
-            .unwrap_or_else(|| text.clone()),
-        ToolArguments::Value(value) => pyjson::dumps(value).unwrap_or_else(|_| "null".to_owned()),
-    };
-    arguments_digest(&text)
-}
-
-fn tool_call_id_of(message: &Value) -> Option<&str> {
-    (model::role(message) == Some("tool"))
-        .then(|| message.get("tool_call_id").and_then(Value::as_str))
-        .flatten()
-}
-
-/// Builds the audit of a run from its state and its ApprovalRequests.
-pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<AuditEntry> {
-    let by_call: HashMap<&str, &ApprovalRequest> = requests
-        .iter()
-        .map(|r| (r.spec.tool_call_id.as_str(), r))
-        .collect();
-    let answered: HashSet<&str> = state.messages.iter().filter_map(tool_call_id_of).collect();
-    let deferred: HashMap<&str, _> = state
-        .deferred_tool_requests
-        .approvals
-        .iter()
-        .map(|c| (c.tool_call_id.as_str(), c))
-        .collect();
-
-    // Every call in the order the model made it, then any call known only from the approval
-    // records (never expected, but an audit must not drop one).
-    let mut calls: Vec<(String, String, Option<String>)> = Vec::new();
-    let mut seen: HashSet<String> = HashSet::new();
-    for message in &state.messages {
-        if model::role(message) != Some("assistant") {
-            continue;
-        }
-        for call in model::tool_calls(message).unwrap_or_default() {
-            if seen.insert(call.id.clone()) {
-                let digest = written_arguments_digest(&call.arguments);
-                calls.push((call.id, call.name, Some(digest)));
-            }
-        }
-    }
-    let extra_ids = state
-        .deferred_tool_requests
-        .approvals
-        .iter()
-        .map(|c| c.tool_call_id.as_str())
-        .chain(state.approved_tools.iter().map(String::as_str))
-        .chain(state.rejected_tools.iter().map(|r| r.tool_call_id.as_str()))
-        .chain(state.approval_metadata.keys().map(String::as_str))
-        .chain(requests.iter().map(|r| r.spec.tool_call_id.as_str()))
-        .map(str::to_owned)
-        .collect::<Vec<_>>();
-    for id in extra_ids {
-        if seen.insert(id.clone()) {
-            let tool = deferred
-                .get(id.as_str())
-                .map(|c| c.tool_name.clone())
-                .or_else(|| by_call.get(id.as_str()).map(|r| r.spec.tool_name.clone()))
-                .unwrap_or_default();
-            calls.push((id, tool, None));
-        }
-    }
-
-    calls
-        .into_iter()
-        .map(|(id, tool, written_digest)| {
-            let request = by_call.get(id.as_str()).copied();
-            let metadata = state.approval_metadata.get(&id);
-            let rejection = state.rejection(&id);
-            let approved = state.is_approved(&id);
-            let requires_approval = request.is_some()
-                || deferred.contains_key(id.as_str())
-                || approved
-                || rejection.is_some()
-                || metadata.is_some();
-            let mut warnings = Vec::new();
-
-            let state_digest = deferred
-                .get(id.as_str())
-                .map(|c| arguments_digest(&c.arguments_json()))
-                .or(written_digest);
-            let arguments_digest = match request {
-                Some(r) => {
-                    let computed = arguments_digest(&r.spec.arguments);
-                    if computed != r.spec.arguments_digest {
-                        warnings.push(format!(
-                            "the ApprovalRequest's argumentsDigest {} is not the SHA-256 of its arguments",
-                            r.spec.arguments_digest
-                        ));
-                    }
-                    if state_digest.as_deref().is_some_and(|d| d != computed) {
-                        warnings.push(
-                            "the call's arguments in the run's state differ from the ApprovalRequest's"
-                                .to_owned(),
-                        );
-                    }
-                    computed
-                }
-                None => state_digest.unwrap_or_default(),
-            };
-
-            let phase = request.and_then(|r| r.status.as_ref()).and_then(|s| s.phase);
-            let closed_as = |phase: Option<ApprovalPhase>| match phase {
-                Some(ApprovalPhase::Expired) => Some(AuditDecision::Expired),
-                Some(ApprovalPhase::Superseded) => Some(AuditDecision::Superseded),
-                _ => None,
-            };
-            let (decision, applied) = if approved {
-                (AuditDecision::Approved, true)
-            } else if rejection.is_some() {
-                (closed_as(phase).unwrap_or(AuditDecision::Rejected), true)
-            } else if let Some(decision) = request.and_then(|r| r.spec.decision) {
-                let decision = match decision {
-                    crate::crd::Decision::Approved => AuditDecision::Approved,
-                    crate::crd::Decision::Rejected => AuditDecision::Rejected,
-                };
-                (decision, false)
-            } else if let Some(closed) = closed_as(phase) {
-                (closed, false)
-            } else if requires_approval {
-                (AuditDecision::Pending, true)
-            } else {
-                (AuditDecision::NotRequired, true)
-            };
-
-            let claimed = request.and_then(|r| r.spec.approver_id.clone());
-            let recorded = metadata.and_then(|m| m.approver_id.clone());
-            if let (Some(c), Some(r)) = (&claimed, &recorded)
-                && c != r
-            {
-                warnings.push(format!(
-                    "approverId {c:?} on the ApprovalRequest but {r:?} in the run's approval_metadata"
-                ));
-            }
-            let request_reason = request.and_then(|r| r.spec.reason.clone());
-            let recorded_reason = metadata.and_then(|m| m.reason.clone());
-            if let (Some(a), Some(b)) = (&request_reason, &recorded_reason)
-                && a != b
-                && phase != Some(ApprovalPhase::Expired)
-                && phase != Some(ApprovalPhase::Superseded)
-            {
-                warnings.push(format!(
-                    "reason {a:?} on the ApprovalRequest but {b:?} in the run's approval_metadata"
-                ));
-            }
-
-            let decided_at = request
-                .and_then(|r| r.status.as_ref())
-                .and_then(|s| s.decided_at.as_ref())
-                .and_then(to_utc)
-                .or_else(|| metadata.map(|m| m.timestamp))
-                .as_ref()
-                .map(rfc3339);
-            let executed = answered.contains(id.as_str()) && (approved || !requires_approval);
-
-            AuditEntry {
-                tool,
-                arguments_digest,
-                requires_approval,
-                decision,
-                applied,
-                approver_id: recorded.or(claimed),
-                verified_identity: request
-                    .and_then(|r| r.status.as_ref())
-                    .and_then(|s| s.verified_identity.as_ref())
-                    .map(|v| v.username.clone()),
-                reason: recorded_reason.or(request_reason),
-                message: rejection
-                    .and_then(|r| r.message.clone())
-                    .or_else(|| request.and_then(|r| r.spec.message.clone())),
-                decided_at,
-                executed,
-                approval_request: request.map(|r| r.name_any()),
-                step: request.map(|r| r.spec.step),
-                warnings,
-                tool_call_id: id,
-            }
-        })
-        .collect()
 }
 
 /// The audit report of `run`.
@@ -398,7 +136,11 @@ pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, Plugin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{ApprovalRequestSpec, ApprovalRequestStatus, Decision, VerifiedIdentity};
+    use crate::crd::{
+        ApprovalPhase, ApprovalRequestSpec, ApprovalRequestStatus, Decision, VerifiedIdentity,
+        arguments_digest,
+    };
+    use crate::state::pyjson::Value;
     use crate::state::{Approval, DeferredToolCall, Rejection};
     use chrono::{DateTime, Utc};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

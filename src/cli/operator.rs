@@ -55,6 +55,28 @@ pub struct ControllerArgs {
     /// (0 disables).
     #[arg(long, env = "AGENTRUN_STATE_CACHE_MIB", default_value_t = 32)]
     pub state_cache_mib: usize,
+    /// Let a run's creator decide its own ApprovalRequests (separation of duties off). An admin
+    /// setting: no Agent or run can switch it.
+    #[arg(long, env = "AGENTRUN_ALLOW_SELF_APPROVAL")]
+    pub allow_self_approval: bool,
+    /// Apply decisions that no admission policy stamped (only for clusters without
+    /// ValidatingAdmissionPolicy/MutatingAdmissionPolicy): the approverId is then recorded as
+    /// claimed, never as verified, and anyone who can patch an ApprovalRequest can claim any name.
+    #[arg(long, env = "AGENTRUN_ALLOW_UNVERIFIED_DECISIONS")]
+    pub allow_unverified_decisions: bool,
+    /// Refuse decisions by approvers who may create AgentRuns or impersonate ServiceAccounts in
+    /// the run's namespace (checked with SubjectAccessReviews): they could have requested the run
+    /// under another name.
+    #[arg(long, env = "AGENTRUN_STRICT_SEPARATION_OF_DUTIES")]
+    pub strict_separation_of_duties: bool,
+    /// The group whose members may apply decisions claimed for someone else (GitOps), as the
+    /// admission policies are configured.
+    #[arg(long, env = "AGENTRUN_GITOPS_GROUP", default_value = crate::crd::policy::GITOPS_GROUP)]
+    pub gitops_group: String,
+    /// The prefix of the admission policies' names (`<prefix>-stamp-decider`,
+    /// `<prefix>-approval-identity`; the chart names them after its release).
+    #[arg(long, env = "AGENTRUN_ADMISSION_POLICY_PREFIX", default_value = "agentrun")]
+    pub admission_policy_prefix: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -148,9 +170,16 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                 retry_backoff: std::time::Duration::from_secs_f64(
                     args.retry_backoff_seconds.max(0.0),
                 ),
+                decisions: crate::controller::DecisionRules {
+                    allow_self_approval: args.allow_self_approval,
+                    allow_unverified_decisions: args.allow_unverified_decisions,
+                    strict_separation_of_duties: args.strict_separation_of_duties,
+                    gitops_group: args.gitops_group,
+                },
                 ..Default::default()
             },
             metrics_addr: args.metrics_addr,
+            admission_policy_prefix: Some(args.admission_policy_prefix),
             concurrency: Some(args.concurrency),
             state_cache_bytes: Some(args.state_cache_mib << 20),
             leader_election: args

@@ -1,6 +1,6 @@
-//! Pure builders of the objects the controller creates for a run: the worker Pod of a step, and the per-run service
-//! account with the narrowest rights a worker needs (read its run and Agent and the Secret the
-//! Agent names; patch only its own run's status).
+//! Pure builders of the objects the controller creates for a run: the worker Pod of a step, and
+//! the per-run service account with the narrowest rights a worker needs (read its run, the
+//! ApprovalRequests and the Secret its Agent names; patch only its own run's status).
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
@@ -195,10 +195,11 @@ pub fn worker_identity(run: &AgentRun, agent: &AgentSpec) -> (ServiceAccount, Ro
             verbs: vec!["get".into(), "patch".into()],
             ..Default::default()
         },
+        // Before it sends an approved call, the worker checks it against its ApprovalRequest
+        // (named after the run and the call id, which the Role cannot know in advance).
         PolicyRule {
             api_groups: Some(vec![crate::crd::GROUP.into()]),
-            resources: Some(vec!["agents".into()]),
-            resource_names: Some(vec![run.spec.agent_ref.name.clone()]),
+            resources: Some(vec!["approvalrequests".into()]),
             verbs: vec!["get".into()],
             ..Default::default()
         },
@@ -313,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_role_names_exactly_its_run_agent_and_secret() {
+    fn the_worker_role_names_exactly_its_run_and_secret() {
         let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
             "apiVersion": "agentrun.dev/v1alpha1",
             "kind": "Agent",
@@ -329,12 +330,14 @@ mod tests {
             [
                 Some(vec!["r1".to_string()]),
                 Some(vec!["r1".into()]),
-                Some(vec!["ops".into()]),
+                None,
                 None,
                 Some(vec!["openai".into()])
             ]
         );
-        // The only unnamed rule: offloaded state chunks, created and read, never listed.
+        // Unnamed: approval requests, read only; offloaded state chunks, created and read, never
+        // listed.
+        assert_eq!(rules[2].verbs, ["get"]);
         assert_eq!(rules[3].verbs, ["get", "create"]);
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");

@@ -1056,6 +1056,107 @@ mod tests {
     }
 
     #[test]
+    fn a_decision_first_observed_after_its_expiry_is_expired() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let mut late = request(&state, Some(Decision::Approved));
+        late.status.as_mut().unwrap().expires_at = Some(crate::time::to_k8s(
+            Utc::now() - chrono::Duration::seconds(4),
+        ));
+        match decide(
+            &observe(&r, &[], &[late], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
+            Action::Resume { decisions } => {
+                assert_eq!(decisions[0].kind, ResolvedKind::Expired);
+                assert!(decisions[0].new);
+                assert_eq!(decisions[0].decider, None, "nobody is named for an expiry");
+            }
+            other => panic!("expected Resume, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unverified_decision_is_refused_and_the_run_keeps_waiting() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let mut forged = request(&state, Some(Decision::Approved));
+        forged.metadata.annotations = None;
+        match decide(
+            &observe(&r, &[], &[forged], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
+            Action::Record {
+                resolved, refused, ..
+            } => {
+                assert!(resolved.is_empty());
+                assert_eq!(refused[0].1.reason, Reason::UnverifiedDecision);
+            }
+            other => panic!("expected Record, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_decision_on_a_tool_whose_definition_changed_is_superseded() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let state = halted_state();
+        let approved = request(&state, Some(Decision::Approved));
+        let mut o = observe(&r, &[], &[approved], Some(Ok(&state)));
+        let mut agent = crate::crd::Agent::test();
+        agent.spec.tools[0].http.url = "http://evil.example/d".into();
+        o.agent = Some(std::sync::Arc::new(agent));
+        match decide(&o, &Policy::default()) {
+            Action::Resume { decisions } => assert!(
+                matches!(&decisions[0].kind, ResolvedKind::Superseded { why } if why.contains("toolDefinitionDigest")),
+                "{:?}",
+                decisions[0].kind
+            ),
+            other => panic!("expected Resume, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_state_claiming_an_approval_nobody_gave_fails_the_run() {
+        let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
+        let mut state = halted_state();
+        state
+            .approve("call_1", Approval::new().approver_id("alice@example.com"))
+            .unwrap();
+        state
+            .deferred_tool_requests
+            .approvals
+            .push(crate::state::DeferredToolCall {
+                tool_call_id: "call_2".into(),
+                ..state.deferred_tool_requests.approvals[0].clone()
+            });
+        let undecided = request(&halted_state(), None);
+        match decide(
+            &observe(&r, &[], &[undecided], Some(Ok(&state))),
+            &Policy::default(),
+        ) {
+            Action::Fail { reason, message } => {
+                assert_eq!(reason, Reason::TamperedState);
+                assert!(message.contains("call_1"), "{message}");
+            }
+            other => panic!("expected Fail, got {other:?}"),
+        }
+        // A worker that refused to send a call ends the run the same way, without a retry.
+        let running = run(Some(AgentRunPhase::Running), 1, 0);
+        let refused = [pod(
+            "r1-step-1",
+            "Failed",
+            Some((3, "TamperedState: call_1: ...")),
+        )];
+        assert!(matches!(
+            decide(&observe(&running, &refused, &[], None), &Policy::default()),
+            Action::Fail {
+                reason: Reason::TamperedState,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn a_missing_request_is_created_again() {
         let r = run(Some(AgentRunPhase::AwaitingApproval), 0, 0);
         let state = halted_state();

@@ -127,6 +127,9 @@ pub struct ControllerConfig {
     pub worker: WorkerSettings,
     /// Retries and rechecks.
     pub policy: Policy,
+    /// The prefix of the admission policies' names, `agentrun` when `None` (see
+    /// [`runtime::policy_names`]).
+    pub admission_policy_prefix: Option<String>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (none when `None`).
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Leader election (none when `None`: this replica always reconciles).

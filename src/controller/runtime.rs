@@ -206,6 +206,7 @@ async fn run_controllers(client: Client, config: ControllerConfig, probe: metric
     let policies = Arc::new(AtomicBool::new(false));
     let _policy_watch = AbortOnDropHandle::new(tokio::spawn(watch_policies(
         client.clone(),
+        policy_names(config.admission_policy_prefix.as_deref()),
         policies.clone(),
         synced(&probe, POLICIES_CHECKED),
     )));
@@ -302,12 +303,13 @@ const POLICY_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// [`DecisionRules`](super::DecisionRules)). Warns when they are missing.
 async fn watch_policies(
     client: Client,
+    names: [String; 2],
     installed: Arc<AtomicBool>,
     checked: impl Fn(&watcher::Event<()>),
 ) {
     let mut warned = false;
     loop {
-        let found = policies_installed(&client).await;
+        let found = policies_installed(&client, &names).await;
         installed.store(found.is_ok(), Ordering::Relaxed);
         checked(&watcher::Event::InitDone);
         match found {
@@ -325,9 +327,18 @@ async fn watch_policies(
     }
 }
 
-/// `Ok` when the stamping and checking policies and their bindings exist, else what is missing.
-async fn policies_installed(client: &Client) -> Result<(), String> {
+/// The names of the policy (and binding) that stamps who decides and of the one that checks it,
+/// with this prefix instead of `agentrun`.
+pub fn policy_names(prefix: Option<&str>) -> [String; 2] {
     use crate::crd::policy::{APPROVAL_IDENTITY_POLICY, STAMP_DECIDER_POLICY};
+    [STAMP_DECIDER_POLICY, APPROVAL_IDENTITY_POLICY].map(|name| match prefix {
+        Some(prefix) => format!("{prefix}{}", name.trim_start_matches("agentrun")),
+        None => name.to_owned(),
+    })
+}
+
+/// `Ok` when the stamping and checking policies and their bindings exist, else what is missing.
+async fn policies_installed(client: &Client, [stamp, check]: &[String; 2]) -> Result<(), String> {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
         ValidatingAdmissionPolicyBinding,
@@ -345,8 +356,8 @@ async fn policies_installed(client: &Client) -> Result<(), String> {
             Err(e) => Err(format!("{} {name}: {e}", K::kind(&()))),
         }
     }
-    exists::<MutatingAdmissionPolicy>(client, STAMP_DECIDER_POLICY).await?;
-    exists::<MutatingAdmissionPolicyBinding>(client, STAMP_DECIDER_POLICY).await?;
-    exists::<ValidatingAdmissionPolicy>(client, APPROVAL_IDENTITY_POLICY).await?;
-    exists::<ValidatingAdmissionPolicyBinding>(client, APPROVAL_IDENTITY_POLICY).await
+    exists::<MutatingAdmissionPolicy>(client, stamp).await?;
+    exists::<MutatingAdmissionPolicyBinding>(client, stamp).await?;
+    exists::<ValidatingAdmissionPolicy>(client, check).await?;
+    exists::<ValidatingAdmissionPolicyBinding>(client, check).await
 }

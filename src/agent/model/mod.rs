@@ -15,8 +15,8 @@ pub use retry::RetryPolicy;
 pub use scripted::ScriptedProvider;
 
 use super::AgentError;
-use crate::crd::{ModelSpec, SecretKeyRef};
 use super::tool::Tool;
+use crate::crd::{ModelSpec, SecretKeyRef};
 use crate::state::pyjson::Value;
 
 /// Seconds to wait for one model response when `model.timeoutSeconds` is not set.

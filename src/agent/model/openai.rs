@@ -12,8 +12,8 @@ use super::{
 };
 use crate::agent::AgentError;
 use crate::agent::http::{error_chain, excerpt, read_body_limited};
-use crate::crd::{ModelSpec, SecretKeyRef};
 use crate::agent::tool::Tool;
+use crate::crd::{ModelSpec, SecretKeyRef};
 use crate::state::pyjson::{self, Value};
 
 /// An API key. Its `Debug` output is redacted, so it cannot leak through logs or error values.

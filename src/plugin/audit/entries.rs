@@ -9,9 +9,9 @@ use serde::Serialize;
 use crate::agent::model::{self, ToolArguments};
 use crate::crd::{ApprovalPhase, ApprovalRequest, arguments_digest};
 use crate::plugin::text::rfc3339;
-use crate::time::try_from_k8s as to_utc;
 use crate::state::RunState;
 use crate::state::pyjson::{self, Value};
+use crate::time::try_from_k8s as to_utc;
 
 /// What happened to a call's approval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -15,8 +15,8 @@ pub use entries::{AuditDecision, AuditEntry, audit_entries};
 use super::cli::{AuditArgs, OutputFormat};
 use super::text::{Table, shorten};
 use super::{PluginError, Session, render_report};
-use crate::crd::{AgentRun, ApprovalRequest};
 use crate::chunk_store;
+use crate::crd::{AgentRun, ApprovalRequest};
 use crate::state::RunState;
 
 /// How many hex digits of the arguments digest the table shows (`-o json` has all of them).

@@ -75,7 +75,11 @@ pub struct ControllerArgs {
     pub gitops_group: String,
     /// The prefix of the admission policies' names (`<prefix>-stamp-decider`,
     /// `<prefix>-approval-identity`; the chart names them after its release).
-    #[arg(long, env = "AGENTRUN_ADMISSION_POLICY_PREFIX", default_value = "agentrun")]
+    #[arg(
+        long,
+        env = "AGENTRUN_ADMISSION_POLICY_PREFIX",
+        default_value = "agentrun"
+    )]
     pub admission_policy_prefix: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

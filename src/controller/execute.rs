@@ -17,7 +17,7 @@ use crate::chunk_store;
 use crate::crd::keys::{field_managers, finalizers, labels};
 use crate::crd::names::run_label_value;
 use crate::crd::status_patch::{ApprovalRequestStatusPatch, StatusPatch};
-use crate::crd::{AgentRun, ApprovalRequest};
+use crate::crd::{AgentRun, ApprovalRecord, ApprovalRequest};
 
 /// Carries out `plan` for `run`: its steps in order (the first failure ends the reconcile), then
 /// its `after` steps in a task of their own.
@@ -248,13 +248,26 @@ impl Executor {
     }
 }
 
-/// Cleanup on delete: release the run's ApprovalRequests so the garbage collector can remove
-/// them with the run (until then their finalizer keeps the decision record).
+/// Cleanup on delete: write each of the run's ApprovalRequests to its durable ApprovalRecord,
+/// then release them so the garbage collector can remove them with the run (until then their
+/// finalizer keeps the decision record).
 pub async fn release_requests(run: &AgentRun, ctx: &Context) -> Result<(), ReconcileError> {
     let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
     let api: Api<ApprovalRequest> = Api::namespaced(ctx.client.clone(), &ns);
+    let records: Api<ApprovalRecord> = Api::all(ctx.client.clone());
     let selector = format!("{}={}", labels::RUN, run_label_value(&run.name_any()));
-    for request in api.list(&ListParams::default().labels(&selector)).await? {
+    let requests = api.list(&ListParams::default().labels(&selector)).await?;
+    let apply = PatchParams::apply(field_managers::CONTROLLER).force();
+    for request in requests
+        .iter()
+        .filter(|r| r.spec.agent_run_ref.uid == run.uid().unwrap_or_default())
+    {
+        let record = ApprovalRecord::of(&ns, request);
+        records
+            .patch(&record.name_any(), &apply, &Patch::Apply(&record))
+            .await?;
+    }
+    for request in requests {
         let kept: Vec<String> = request
             .finalizers()
             .iter()

@@ -14,6 +14,10 @@ pub mod labels {
     pub const STEP: &str = "agentrun.dev/step";
     /// The run whose offloaded RunState a chunk ConfigMap holds.
     pub const STATE_OF: &str = "agentrun.dev/state-of";
+    /// On an ApprovalRecord: the namespace of its run.
+    pub const NAMESPACE: &str = "agentrun.dev/namespace";
+    /// On an ApprovalRecord: the uid of its run.
+    pub const RUN_UID: &str = "agentrun.dev/run-uid";
 }
 
 /// Annotations.

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod agent_run;
+pub mod approval_record;
 pub mod approval_request;
 pub mod conditions;
 #[cfg(test)]
@@ -36,6 +37,7 @@ pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
     ToolCallRecord, WorkerOverrides,
 };
+pub use approval_record::{ApprovalRecord, ApprovalRecordSpec};
 pub use approval_request::{
     AgentRunRef, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus,
     Decision, GitOpsDecision, VerifiedIdentity, arguments_digest,
@@ -176,6 +178,11 @@ pub fn custom_resource_definitions() -> Vec<(&'static str, &'static str, CustomR
             "approvalrequest.yaml",
             "ApprovalRequest",
             ApprovalRequest::crd(),
+        ),
+        (
+            "approvalrecord.yaml",
+            "ApprovalRecord",
+            ApprovalRecord::crd(),
         ),
     ];
     for (_, _, crd) in &mut crds {
@@ -345,7 +352,12 @@ mod tests {
     fn crd_names_scope_and_labels() {
         for (file, kind, crd) in custom_resource_definitions() {
             assert_eq!(crd.spec.group, GROUP, "{file}");
-            assert_eq!(crd.spec.scope, "Namespaced", "{file}");
+            let scope = if kind == "ApprovalRecord" {
+                "Cluster"
+            } else {
+                "Namespaced"
+            };
+            assert_eq!(crd.spec.scope, scope, "{file}");
             assert_eq!(crd.spec.versions[0].name, VERSION);
             assert_eq!(crd.spec.names.kind, kind);
             assert_eq!(
@@ -507,7 +519,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("nested/crds");
         let paths = write_crds(&out).unwrap();
-        assert_eq!(paths.len(), 5);
+        assert_eq!(paths.len(), 6);
         for generated in generate().unwrap() {
             let text = std::fs::read_to_string(out.join(generated.file_name)).unwrap();
             assert_eq!(text, generated.yaml);

@@ -85,6 +85,22 @@ fn fitted(base: &str, suffix: &str, max: usize, changed: bool, inputs: &[&str]) 
     with_hash(base, &short_hash(inputs), suffix, max)
 }
 
+/// The name of the ApprovalRecord of request `request` in namespace `namespace`:
+/// `<namespace>.<request>` (both are DNS labels or subdomains, so the result is a valid name unless
+/// it is too long, then shortened with a hash).
+pub fn approval_record_name(namespace: &str, request: &str) -> String {
+    let base = format!("{namespace}.{request}");
+    let valid = is_dns1123_subdomain(&base);
+    let base_fixed = if valid { base.clone() } else { sanitize(&base) };
+    fitted(
+        &base_fixed,
+        "",
+        MAX_NAME_LENGTH,
+        !valid,
+        &[namespace, request],
+    )
+}
+
 /// The name of the ApprovalRequest for the tool call `tool_call_id` of `run`: `<run>-<id>`.
 ///
 /// The id is lowercased, every character other than `a-z` and `0-9` becomes `-`, runs of `-` are
@@ -251,6 +267,20 @@ mod tests {
         let label = run_label_value(&long);
         assert!(is_label_value(&label), "{label}");
         assert_ne!(label, run_label_value(&format!("{}z", "y".repeat(252))));
+    }
+
+    #[test]
+    fn record_names_are_namespace_dot_request_and_bounded() {
+        assert_eq!(approval_record_name("team", "r1-call-1"), "team.r1-call-1");
+        let long = approval_record_name(&"n".repeat(63), &"r".repeat(253));
+        assert!(
+            long.len() <= MAX_NAME_LENGTH && is_dns1123_subdomain(&long),
+            "{long}"
+        );
+        assert_ne!(
+            long,
+            approval_record_name(&"n".repeat(63), &format!("{}s", "r".repeat(252)))
+        );
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct AuditEntry {
     /// The identity the API server authenticated for the decision (ApprovalRequest
     /// `status.verifiedIdentity.username`), when recorded.
     pub verified_identity: Option<String>,
+    /// For a decision a GitOps identity applied: `claimed via GitOps commit <sha>, applied by
+    /// <identity>` (the approverId is then claimed, never verified).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<String>,
     /// The reason (audit only).
     pub reason: Option<String>,
     /// What the model was told instead of the result (rejections).
@@ -194,37 +198,43 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 None => state_digest.unwrap_or_default(),
             };
 
+            // Who decided what comes from the ApprovalRequest (its decision, and the controller's
+            // record of it); the run's state is the copy, checked against it.
             let phase = request.and_then(|r| r.status.as_ref()).and_then(|s| s.phase);
-            let closed_as = |phase: Option<ApprovalPhase>| match phase {
-                Some(ApprovalPhase::Expired) => Some(AuditDecision::Expired),
-                Some(ApprovalPhase::Superseded) => Some(AuditDecision::Superseded),
-                _ => None,
+            let in_state = approved || rejection.is_some();
+            let (decision, applied) = match (phase, request.and_then(|r| r.spec.decision)) {
+                (Some(ApprovalPhase::Approved), _) => (AuditDecision::Approved, approved),
+                (Some(ApprovalPhase::Rejected), _) => (AuditDecision::Rejected, rejection.is_some()),
+                (Some(ApprovalPhase::Expired), _) => (AuditDecision::Expired, rejection.is_some()),
+                (Some(ApprovalPhase::Superseded), _) => {
+                    (AuditDecision::Superseded, rejection.is_some())
+                }
+                (_, Some(crate::crd::Decision::Approved)) => (AuditDecision::Approved, false),
+                (_, Some(crate::crd::Decision::Rejected)) => (AuditDecision::Rejected, false),
+                _ if requires_approval => (AuditDecision::Pending, !in_state),
+                _ => (AuditDecision::NotRequired, true),
             };
-            let (decision, applied) = if approved {
-                (AuditDecision::Approved, true)
-            } else if rejection.is_some() {
-                (closed_as(phase).unwrap_or(AuditDecision::Rejected), true)
-            } else if let Some(decision) = request.and_then(|r| r.spec.decision) {
-                let decision = match decision {
-                    crate::crd::Decision::Approved => AuditDecision::Approved,
-                    crate::crd::Decision::Rejected => AuditDecision::Rejected,
-                };
-                (decision, false)
-            } else if let Some(closed) = closed_as(phase) {
-                (closed, false)
-            } else if requires_approval {
-                (AuditDecision::Pending, true)
-            } else {
-                (AuditDecision::NotRequired, true)
-            };
-
-            let claimed = request.and_then(|r| r.spec.approver_id.clone());
-            let recorded = metadata.and_then(|m| m.approver_id.clone());
-            if let (Some(c), Some(r)) = (&claimed, &recorded)
-                && c != r
-            {
+            if in_state && decision == AuditDecision::Pending {
+                warnings.push(
+                    "the run's state records a decision that no ApprovalRequest holds".to_owned(),
+                );
+            }
+            if approved && decision != AuditDecision::Approved {
                 warnings.push(format!(
-                    "approverId {c:?} on the ApprovalRequest but {r:?} in the run's approval_metadata"
+                    "the run's state records an approval, but the ApprovalRequest is {}",
+                    decision.as_str()
+                ));
+            }
+            let person = matches!(decision, AuditDecision::Approved | AuditDecision::Rejected);
+            let claimed = request
+                .filter(|_| person)
+                .and_then(|r| r.spec.approver_id.clone());
+            let recorded = metadata.and_then(|m| m.approver_id.clone());
+            if recorded.is_some() && recorded != claimed {
+                warnings.push(format!(
+                    "the run's approval_metadata names {:?}, but the ApprovalRequest's decision was made by {:?}",
+                    recorded.as_deref().unwrap_or_default(),
+                    claimed.as_deref().unwrap_or("nobody")
                 ));
             }
             let request_reason = request.and_then(|r| r.spec.reason.clone());
@@ -246,7 +256,13 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 .or_else(|| metadata.map(|m| m.timestamp))
                 .as_ref()
                 .map(rfc3339);
-            let executed = answered.contains(id.as_str()) && (approved || !requires_approval);
+            let executed = answered.contains(id.as_str())
+                && if requires_approval {
+                    decision == AuditDecision::Approved && approved
+                } else {
+                    true
+                };
+            let status = request.and_then(|r| r.status.as_ref());
 
             AuditEntry {
                 tool,
@@ -254,12 +270,17 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 requires_approval,
                 decision,
                 applied,
-                approver_id: recorded.or(claimed),
-                verified_identity: request
-                    .and_then(|r| r.status.as_ref())
+                approver_id: claimed,
+                verified_identity: status
                     .and_then(|s| s.verified_identity.as_ref())
                     .map(|v| v.username.clone()),
-                reason: recorded_reason.or(request_reason),
+                gitops: status.and_then(|s| s.gitops.as_ref()).map(|g| {
+                    format!(
+                        "claimed via GitOps commit {}, applied by {}",
+                        g.commit, g.applied_by.username
+                    )
+                }),
+                reason: request_reason.filter(|_| person).or(recorded_reason),
                 message: rejection
                     .and_then(|r| r.message.clone())
                     .or_else(|| request.and_then(|r| r.spec.message.clone())),

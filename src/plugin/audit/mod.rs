@@ -91,7 +91,11 @@ pub fn render_table(report: &AuditReport) -> String {
             call.arguments_digest.chars().take(DIGEST_WIDTH).collect(),
             decision,
             dash(&call.approver_id),
-            dash(&call.verified_identity),
+            match (&call.verified_identity, &call.gitops) {
+                (Some(identity), _) => identity.clone(),
+                (None, Some(gitops)) => shorten(gitops, TEXT_WIDTH),
+                (None, None) => "-".to_owned(),
+            },
             call.reason
                 .as_deref()
                 .map_or_else(|| "-".to_owned(), |r| shorten(r, TEXT_WIDTH)),
@@ -263,7 +267,8 @@ mod tests {
             "bob@example.com",
             "policy",
         );
-        let entries = audit_entries(&state, &[approved, rejected]);
+        let requests = [approved, rejected];
+        let entries = audit_entries(&state, &requests);
         assert_eq!(entries.len(), 3);
 
         let lookup = &entries[0];
@@ -303,7 +308,7 @@ mod tests {
         let table = render_table(&report(
             &AgentRun::new("r1", Default::default()),
             Some(&state),
-            &[],
+            &requests,
         ));
         let lines: Vec<&str> = table.lines().collect();
         assert!(
@@ -322,8 +327,20 @@ mod tests {
                 && lines[3].ends_with("no"),
             "{table}"
         );
-        // Without the ApprovalRequests, time comes from approval_metadata.
-        assert!(lines[2].contains("1970-01-01T00:01:40Z"), "{table}");
+        assert!(lines[2].contains("1970-01-01T00:02:30Z"), "{table}");
+
+        // The state alone names nobody: a decision counts only as its ApprovalRequest holds it.
+        let alone = audit_entries(&state, &[]);
+        for entry in &alone[1..] {
+            assert_eq!(entry.decision, AuditDecision::Pending, "{entry:?}");
+            assert_eq!(entry.approver_id, None);
+            assert!(!entry.executed);
+            assert!(
+                entry.warnings.iter().any(|w| w.contains("no ApprovalRequest holds")),
+                "{:?}",
+                entry.warnings
+            );
+        }
     }
 
     #[test]

@@ -258,11 +258,15 @@ pub async fn release_requests(run: &AgentRun, ctx: &Context) -> Result<(), Recon
     let selector = format!("{}={}", labels::RUN, run_label_value(&run.name_any()));
     let requests = api.list(&ListParams::default().labels(&selector)).await?;
     let apply = PatchParams::apply(field_managers::CONTROLLER).force();
-    for request in requests
-        .iter()
-        .filter(|r| r.spec.agent_run_ref.uid == run.uid().unwrap_or_default())
-    {
-        let record = ApprovalRecord::of(&ns, request);
+    let answered = answered_calls(run, ctx).await;
+    let uid = run.uid().unwrap_or_default();
+    for request in requests.iter().filter(|r| r.spec.agent_run_ref.uid == uid) {
+        let approved = request.status.as_ref().and_then(|s| s.phase)
+            == Some(crate::crd::ApprovalPhase::Approved);
+        let executed = answered
+            .as_ref()
+            .map(|answered| approved && answered.contains(&request.spec.tool_call_id));
+        let record = ApprovalRecord::of(&ns, request, executed);
         records
             .patch(&record.name_any(), &apply, &Patch::Apply(&record))
             .await?;
@@ -287,4 +291,27 @@ pub async fn release_requests(run: &AgentRun, ctx: &Context) -> Result<(), Recon
         }
     }
     Ok(())
+}
+
+/// The ids of the calls the run's state holds a tool answer for (`None` when the state cannot be
+/// read: the records then say nothing about execution).
+async fn answered_calls(
+    run: &AgentRun,
+    ctx: &Context,
+) -> Option<std::collections::HashSet<String>> {
+    let ns = run.namespace()?;
+    let full = Api::<AgentRun>::namespaced(ctx.client.clone(), &ns)
+        .get(&run.name_any())
+        .await
+        .ok()?;
+    let state = chunk_store::load(&ctx.client, &full).await.ok()??;
+    Some(
+        state
+            .messages
+            .iter()
+            .filter(|m| crate::agent::model::role(m) == Some("tool"))
+            .filter_map(|m| m.get("tool_call_id").and_then(|v| v.as_str()))
+            .map(str::to_owned)
+            .collect(),
+    )
 }

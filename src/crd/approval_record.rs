@@ -81,11 +81,20 @@ pub struct ApprovalRecordSpec {
     /// A GitOps decision: the commit and the identity that applied it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOpsDecision>,
+    /// Whether the call ran (the run's state holds the tool's answer to the approved call);
+    /// absent when the state could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executed: Option<bool>,
 }
 
 impl ApprovalRecord {
-    /// The record of `request` (in namespace `namespace`) as it is now.
-    pub fn of(namespace: &str, request: &ApprovalRequest) -> ApprovalRecord {
+    /// The record of `request` (in namespace `namespace`) as it is now; `executed` says whether
+    /// its call ran, when known.
+    pub fn of(
+        namespace: &str,
+        request: &ApprovalRequest,
+        executed: Option<bool>,
+    ) -> ApprovalRecord {
         let request_name = request.metadata.name.clone().unwrap_or_default();
         let status = request.status.clone().unwrap_or_default();
         let run: &AgentRunRef = &request.spec.agent_run_ref;
@@ -99,6 +108,7 @@ impl ApprovalRecord {
                 decided_at: status.decided_at,
                 verified_identity: status.verified_identity,
                 gitops: status.gitops,
+                executed,
             },
         );
         record.metadata.labels = Some(

@@ -119,9 +119,21 @@ pub fn render_table(report: &AuditReport) -> String {
     out
 }
 
-/// Runs `audit`.
+/// Runs `audit`. A run that was deleted is audited from its ApprovalRecords (the durable copies
+/// of its requests the controller wrote before they went).
 pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, PluginError> {
-    let run = session.run(&args.run).await?;
+    let run = match session.run(&args.run).await {
+        Ok(run) => run,
+        Err(PluginError::NotFound { .. })
+            if let Some(report) = from_records(session, args).await? =>
+        {
+            return match render_report(&report, args.output, "the audit") {
+                Some(out) => out,
+                None => Ok(render_table(&report)),
+            };
+        }
+        Err(e) => return Err(e),
+    };
     let state = chunk_store::load(&session.client, &run)
         .await
         .map_err(|source| PluginError::RunState {
@@ -135,6 +147,65 @@ pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, Plugin
     }
     debug_assert!(args.output == OutputFormat::Table);
     Ok(render_table(&report))
+}
+
+/// The audit of the deleted run `args.run`, from its ApprovalRecords (`None` when it has none).
+async fn from_records(
+    session: &Session,
+    args: &AuditArgs,
+) -> Result<Option<AuditReport>, PluginError> {
+    use crate::crd::keys::labels;
+    use crate::crd::names::run_label_value;
+    use crate::crd::{ApprovalRecord, ApprovalRequest, ApprovalRequestStatus};
+    use kube::api::{Api, ListParams};
+    let selector = format!(
+        "{}={},{}={}",
+        labels::NAMESPACE,
+        run_label_value(&session.namespace),
+        labels::RUN,
+        run_label_value(&args.run)
+    );
+    let records: Api<ApprovalRecord> = Api::all(session.client.clone());
+    let found = records
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| PluginError::api("list approvalrecords".to_owned(), &e))?;
+    if found.items.is_empty() {
+        return Ok(None);
+    }
+    let executed: std::collections::HashMap<String, Option<bool>> = found
+        .items
+        .iter()
+        .map(|r| (r.spec.request.tool_call_id.clone(), r.spec.executed))
+        .collect();
+    let requests: Vec<ApprovalRequest> = found
+        .items
+        .into_iter()
+        .map(|record| {
+            let mut request = ApprovalRequest::new(&record.spec.request_name, record.spec.request);
+            request.status = Some(ApprovalRequestStatus {
+                phase: Some(record.spec.phase),
+                decided_at: record.spec.decided_at,
+                verified_identity: record.spec.verified_identity,
+                gitops: record.spec.gitops,
+                ..Default::default()
+            });
+            request
+        })
+        .collect();
+    let run = AgentRun::new(&args.run, Default::default());
+    let mut report = report(&run, Some(&RunState::default()), &requests);
+    for call in &mut report.calls {
+        call.warnings.clear();
+        call.applied = true;
+        match executed.get(&call.tool_call_id).copied().flatten() {
+            Some(ran) => call.executed = ran,
+            None => call
+                .warnings
+                .push("the run was deleted and whether this call ran was not recorded".into()),
+        }
+    }
+    Ok(Some(report))
 }
 
 #[cfg(test)]
@@ -336,7 +407,10 @@ mod tests {
             assert_eq!(entry.approver_id, None);
             assert!(!entry.executed);
             assert!(
-                entry.warnings.iter().any(|w| w.contains("no ApprovalRequest holds")),
+                entry
+                    .warnings
+                    .iter()
+                    .any(|w| w.contains("no ApprovalRequest holds")),
                 "{:?}",
                 entry.warnings
             );

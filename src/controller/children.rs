@@ -204,11 +204,12 @@ pub fn worker_identity(run: &AgentRun, agent: &AgentSpec) -> (ServiceAccount, Ro
             ..Default::default()
         },
     ];
-    // States too large for the status are offloaded to ConfigMaps named after their digest, so
-    // the worker creates and reads ConfigMaps (names cannot be known when this Role is made).
+    // States too large for the status are offloaded to RunStateChunks named after their digest,
+    // so the worker creates and reads them (names cannot be known when this Role is made). No
+    // rights on ConfigMaps or any other resource of the namespace.
     rules.push(PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["configmaps".into()]),
+        api_groups: Some(vec![crate::crd::GROUP.into()]),
+        resources: Some(vec!["runstatechunks".into()]),
         verbs: vec!["get".into(), "create".into()],
         ..Default::default()
     });
@@ -335,10 +336,18 @@ mod tests {
                 Some(vec!["openai".into()])
             ]
         );
-        // Unnamed: approval requests, read only; offloaded state chunks, created and read, never
-        // listed.
+        // Unnamed: approval requests, read only; offloaded state chunks (not ConfigMaps), created
+        // and read, never listed.
         assert_eq!(rules[2].verbs, ["get"]);
         assert_eq!(rules[3].verbs, ["get", "create"]);
+        assert_eq!(
+            rules[3].resources.as_deref(),
+            Some(&["runstatechunks".to_owned()][..])
+        );
+        assert!(rules.iter().all(|r| {
+            let resources = r.resources.clone().unwrap_or_default();
+            !resources.contains(&"configmaps".to_owned()) && !resources.contains(&"*".to_owned())
+        }));
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
     }

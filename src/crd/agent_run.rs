@@ -125,7 +125,7 @@ pub struct AgentRunStatus {
     #[schemars(length(max = MAX_RUN_STATE_LENGTH))]
     pub run_state: Option<String>,
     /// How runState is encoded: `json` (the default), `gzip+base64` for large states, or
-    /// `gzip+base64+chunks` when even that is offloaded to ConfigMaps owned by the run.
+    /// `gzip+base64+chunks` when even that is offloaded to RunStateChunks owned by the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_state_encoding: Option<RunStateEncoding>,
     /// The size of runState in bytes, as stored.
@@ -171,7 +171,7 @@ pub struct AgentRunStatus {
     /// The Agent this run is bound to: recorded when the run starts and used by every step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<super::AgentSnapshot>,
-    /// When the RunState is offloaded (encoding `gzip+base64+chunks`), how many ConfigMaps
+    /// When the RunState is offloaded (encoding `gzip+base64+chunks`), how many RunStateChunks
     /// `<run>-state-<digest prefix>-<i>` hold it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_state_chunks: Option<u32>,
@@ -285,7 +285,7 @@ pub enum RunStateEncoding {
     #[serde(rename = "gzip+base64")]
     #[strum(serialize = "gzip+base64")]
     GzipBase64,
-    /// gzip then base64, too large for the status: split over ConfigMaps owned by the run
+    /// gzip then base64, too large for the status: split over RunStateChunks owned by the run
     /// (`status.runStateChunks` of them); `runStateDigest` covers the joined text.
     #[serde(rename = "gzip+base64+chunks")]
     #[strum(serialize = "gzip+base64+chunks")]

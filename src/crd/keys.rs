@@ -12,7 +12,7 @@ pub mod labels {
     pub const RUN: &str = "agentrun.dev/run";
     /// The step a worker Pod runs.
     pub const STEP: &str = "agentrun.dev/step";
-    /// The run whose offloaded RunState a chunk ConfigMap holds.
+    /// The run whose offloaded RunState a RunStateChunk holds.
     pub const STATE_OF: &str = "agentrun.dev/state-of";
     /// On an ApprovalRecord: the namespace of its run.
     pub const NAMESPACE: &str = "agentrun.dev/namespace";

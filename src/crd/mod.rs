@@ -19,6 +19,7 @@ pub mod keys;
 pub mod names;
 pub mod policy;
 pub mod reasons;
+pub mod run_state_chunk;
 pub mod status_patch;
 pub mod stored_state;
 
@@ -50,6 +51,7 @@ pub use conditions::{
 pub use fixtures::halted_state;
 pub use names::{approval_request_name, worker_pod_name};
 pub use reasons::{ConditionType, EventReason, Reason};
+pub use run_state_chunk::{RunStateChunk, RunStateChunkSpec};
 
 /// The API group of the custom resources.
 pub const GROUP: &str = "agentrun.dev";
@@ -519,7 +521,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("nested/crds");
         let paths = write_crds(&out).unwrap();
-        assert_eq!(paths.len(), 6);
+        assert_eq!(paths.len(), 7);
         for generated in generate().unwrap() {
             let text = std::fs::read_to_string(out.join(generated.file_name)).unwrap();
             assert_eq!(text, generated.yaml);

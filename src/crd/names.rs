@@ -43,7 +43,7 @@ pub fn worker_account_name(run: &str) -> String {
     run_scoped(run, "-worker", MAX_NAME_LENGTH)
 }
 
-/// The name of the ConfigMap holding chunk `index` of an offloaded state with this digest:
+/// The name of the RunStateChunk holding chunk `index` of an offloaded state with this digest:
 /// `<run>-state-<first 12 digits of the digest>-<index>`.
 pub fn chunk_name(run: &str, digest: &str, index: usize) -> String {
     run_scoped(

@@ -4,7 +4,7 @@
 //!
 //! Small states are stored as plain JSON, as the design asks. Above [`COMPRESS_ABOVE`] bytes the
 //! JSON is gzip-compressed and base64-encoded (`runStateEncoding: gzip+base64`); when even that is
-//! larger than [`INLINE_LIMIT`], it is split over ConfigMaps owned by the run
+//! larger than [`INLINE_LIMIT`], it is split over RunStateChunks owned by the run
 //! (`gzip+base64+chunks`, `runStateChunks` of them) named after the digest, so a new state never
 //! overwrites the chunks of the state still referenced by the status. `runStateDigest` always
 //! covers the stored text (joined, for chunks).
@@ -20,12 +20,10 @@ use crate::state::{RunState, StateError};
 
 /// States whose JSON is larger than this are stored compressed.
 pub const COMPRESS_ABOVE: usize = 256 * 1024;
-/// Compressed states larger than this are offloaded to ConfigMaps.
+/// Compressed states larger than this are offloaded to RunStateChunks.
 pub const INLINE_LIMIT: usize = 1024 * 1024;
-/// The size of one offloaded chunk (a ConfigMap holds at most 1 MiB).
+/// The size of one offloaded chunk (a RunStateChunk holds at most this much).
 pub const CHUNK_SIZE: usize = 900 * 1024;
-/// The data key of a chunk ConfigMap.
-pub const CHUNK_KEY: &str = "chunk";
 /// The largest decompressed state accepted (a guard against decompression bombs).
 pub const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
 
@@ -56,13 +54,13 @@ pub enum StoredStateError {
     /// Offloaded chunks are missing or unreadable.
     #[error("the RunState chunk {name}: {message}")]
     Chunk {
-        /// The ConfigMap.
+        /// The RunStateChunk.
         name: String,
         /// What is wrong.
         message: String,
     },
     /// Reading the chunks needs the API and this reader has none.
-    #[error("the RunState is offloaded to ConfigMaps; read it with an API client")]
+    #[error("the RunState is offloaded to RunStateChunks; read it with an API client")]
     NeedsClient,
     /// A Kubernetes API request failed.
     #[error("kubernetes API: {0}")]
@@ -77,7 +75,7 @@ pub enum StoredStateError {
 pub struct StoredState {
     /// The text for `status.runState` (`None` when offloaded to chunks).
     pub run_state: Option<String>,
-    /// The chunks to store in ConfigMaps (empty unless offloaded).
+    /// The chunks to store in RunStateChunks (empty unless offloaded).
     pub chunks: Vec<String>,
     /// `status.runStateEncoding`.
     pub encoding: RunStateEncoding,

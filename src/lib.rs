@@ -2,11 +2,9 @@
 //! calls and resume later, with an audit trail.
 
 pub mod agent;
-pub mod bench;
 pub mod cli;
 pub mod controller;
 pub mod crd;
-pub mod dev_kubelet;
 pub mod plugin;
 pub mod run_status;
 pub mod state;

@@ -3,8 +3,11 @@
 //! refused with a clear message, and the ApprovalRequest's CEL rules keep the request fields
 //! immutable and a decision final. Everything here runs as admin; identity checks belong to the
 //! admission policies.
-
-mod support;
+//!
+//! A test binary of its own, so a control plane of its own: these tests need a cluster WITHOUT the
+//! admission policies of `crds/` (admin records decisions in other names here, which the policies
+//! refuse), and the policies are cluster-wide, so they cannot share the control plane of
+//! `tests/cluster`.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -15,13 +18,13 @@ use agentrun::crd::{
     CATEGORY, ConditionStatus, Decision, RunStateEncoding, VerifiedIdentity, WorkerOverrides,
     approval_request_name, arguments_digest, new_condition,
 };
+use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
-use support::cluster::{ControlPlane, Identity, TestNamespace};
 
 /// The documented way to approve, exactly.
 const APPROVE_PATCH: &str = r#"{"spec":{"decision":"Approved","approverId":"alice@example.com","reason":"authorized per change CR-1234"}}"#;

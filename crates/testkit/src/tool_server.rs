@@ -16,6 +16,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use tokio_util::task::AbortOnDropHandle;
 
 /// How the tool server answers one call.
 #[derive(Clone, Debug)]
@@ -100,22 +101,31 @@ fn normalize(path: &str) -> String {
 pub struct ToolServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl ToolServer {
     /// Starts the server on 127.0.0.1 with a free port. Needs a tokio runtime.
     pub async fn start() -> ToolServer {
+        Self::try_start()
+            .await
+            .expect("start the tool server on 127.0.0.1")
+    }
+
+    /// [`ToolServer::start`], returning the error when no port can be bound.
+    pub async fn try_start() -> std::io::Result<ToolServer> {
         let shared = Arc::new(Shared::default());
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the tool server to 127.0.0.1:0");
-        let addr = listener.local_addr().expect("tool server address");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        ToolServer { addr, shared, task }
+        Ok(ToolServer {
+            addr,
+            shared,
+            _task: AbortOnDropHandle::new(task),
+        })
     }
 
     /// The URL of a tool path, e.g. `url("delete_user")` → `http://127.0.0.1:PORT/delete_user`.
@@ -157,6 +167,11 @@ impl ToolServer {
             .collect()
     }
 
+    /// How many calls were received so far.
+    pub fn request_count(&self) -> usize {
+        lock(&self.shared.requests).len()
+    }
+
     /// How many calls carried this `Idempotency-Key`.
     pub fn calls_with_key(&self, key: &str) -> usize {
         lock(&self.shared.requests)
@@ -174,12 +189,6 @@ impl ToolServer {
             }
         }
         counts
-    }
-}
-
-impl Drop for ToolServer {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

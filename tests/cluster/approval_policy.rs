@@ -5,8 +5,6 @@
 //! their immutability, and the aggregated roles. For each rule, the refused case and the allowed
 //! case.
 
-mod support;
-
 use std::process::Output;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -19,11 +17,12 @@ use agentrun::crd::policy::{
 use agentrun::crd::{
     AgentRunRef, ApprovalRequest, ApprovalRequestSpec, Decision, arguments_digest,
 };
+use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
+use agentrun_testkit::wait::eventually;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
 
 /// The arguments of every request in these tests.
 const ARGUMENTS: &str = r#"{"host": "web-1", "replicas": 3}"#;
@@ -53,25 +52,6 @@ fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
             err.contains(needle),
             "{what}: the error does not say `{needle}`:\n{err}"
         );
-    }
-}
-
-/// Waits until `check` gives a value, polling every 200 ms.
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

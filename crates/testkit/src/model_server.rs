@@ -16,6 +16,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use tokio_util::task::AbortOnDropHandle;
 
 /// One scripted reply of the model server.
 #[derive(Clone, Debug)]
@@ -167,7 +168,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ModelServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl ModelServer {
@@ -182,7 +183,11 @@ impl ModelServer {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        ModelServer { addr, shared, task }
+        ModelServer {
+            addr,
+            shared,
+            _task: AbortOnDropHandle::new(task),
+        }
     }
 
     /// The base URL to put in `model.baseUrl` (`http://127.0.0.1:PORT/v1`).
@@ -214,12 +219,6 @@ impl ModelServer {
     /// How many requests were received.
     pub fn request_count(&self) -> usize {
         lock(&self.shared.requests).len()
-    }
-}
-
-impl Drop for ModelServer {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -18,7 +18,9 @@ use agentrun::crd::{
     CATEGORY, ConditionStatus, Decision, RunStateEncoding, VerifiedIdentity, WorkerOverrides,
     approval_request_name, arguments_digest, new_condition,
 };
-use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace};
+use agentrun_testkit::cluster::{
+    ControlPlane, Identity, TestNamespace, assert_refused, stderr, stdout,
+};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -50,14 +52,6 @@ fn words(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[track_caller]
 fn assert_ok(out: &Output, what: &str) {
     assert!(
@@ -66,23 +60,6 @@ fn assert_ok(out: &Output, what: &str) {
         stdout(out),
         stderr(out)
     );
-}
-
-/// Asserts that kubectl failed and that its error names every `needle`.
-#[track_caller]
-fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "{what} was accepted but must be refused:\nstdout: {}\nstderr: {err}",
-        stdout(out)
-    );
-    for needle in needles {
-        assert!(
-            err.contains(needle),
-            "{what}: the error does not say `{needle}`:\n{err}"
-        );
-    }
 }
 
 fn kubectl_patch(cp: &ControlPlane, ns: &str, resource: &str, name: &str, patch: &str) -> Output {

@@ -8,10 +8,9 @@ use agentrun::controller::{self, ControllerConfig, LeaderElection, decide::Polic
 use agentrun::crd::{AgentRunPhase, ApprovalRequest};
 use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
 use agentrun_testkit::operator::start_dev_kubelet;
-use agentrun_testkit::runs::wait_for_phase_within;
+use agentrun_testkit::runs::{pods_of, wait_for_phase_within};
 use agentrun_testkit::wait::free_port;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
@@ -184,16 +183,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
     )
     .await;
     assert_eq!(holder(cp, &ns.name).await.as_deref(), Some("controller-b"));
-    let pods: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
-    let mut names: Vec<_> = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    names.sort();
+    let names = pods_of(cp, &ns.name).await;
     assert_eq!(names, ["r1-step-0", "r1-step-1"]);
     assert_eq!(
         requests

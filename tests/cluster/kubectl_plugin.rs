@@ -9,7 +9,9 @@ use std::time::Duration;
 use agentrun::crd::{AgentRunPhase, ApprovalRequest};
 use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
 use agentrun_testkit::operator::Operator;
-use agentrun_testkit::runs::{agent_yaml, requests_of, run_yaml, scripted_model, wait_for_phase};
+use agentrun_testkit::runs::{
+    agent_yaml, approvers_role, requests_of, run_yaml, scripted_model, wait_for_phase,
+};
 use agentrun_testkit::tool_server::ToolServer;
 use kube::api::Api;
 use serde_json::{Value, json};
@@ -24,27 +26,8 @@ async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
 /// namespace; carol (a requester) may create runs, so that no approver decides on a run of their
 /// own.
 fn grant_roles(cp: &ControlPlane, ns: &str) {
-    let yaml = format!(
+    let requesters = format!(
         r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: approvers, namespace: {ns}}}
-rules:
-- apiGroups: [agentrun.dev]
-  resources: [approvalrequests]
-  verbs: [get, list, watch, patch]
-- apiGroups: [agentrun.dev]
-  resources: [agentruns]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: approvers, namespace: {ns}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
-subjects:
-- {{kind: Group, name: "agentrun:approvers"}}
-- {{kind: Group, name: "agentrun:gitops"}}
----
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: requesters, namespace: {ns}}}
@@ -60,10 +43,8 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: requesters}}
 subjects: [{{kind: Group, name: "agentrun:requesters"}}]
 "#
     );
-    assert_success(
-        &cp.kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&yaml)),
-        "grant roles",
-    );
+    let approvers = approvers_role(ns, &["agentrun:approvers", "agentrun:gitops"]);
+    cp.apply(Identity::Admin, &format!("{approvers}---{requesters}"));
 }
 
 /// Creates a run as `identity`. Right after `crds/` is installed the API server may refuse it for

@@ -11,9 +11,10 @@ use agentrun::state::RunState;
 use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
 use agentrun_testkit::model_server::{ModelServer, Reply};
 use agentrun_testkit::operator::{Operator, start_controller};
-use agentrun_testkit::runs::{agent_yaml, requests_of, run_yaml, wait_for_phase};
+use agentrun_testkit::runs::{
+    agent_yaml, approvers_role, pods_of, requests_of, run_yaml, wait_for_phase,
+};
 use agentrun_testkit::tool_server::ToolServer;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -25,29 +26,9 @@ async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
 
 /// alice and bob may read and decide ApprovalRequests in the namespace.
 fn grant_approvers(cp: &ControlPlane, ns: &str) {
-    let yaml = format!(
-        r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: approvers, namespace: {ns}}}
-rules:
-- apiGroups: [agentrun.dev]
-  resources: [approvalrequests]
-  verbs: [get, list, watch, patch]
-- apiGroups: [agentrun.dev]
-  resources: [agentruns]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: approvers, namespace: {ns}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
-subjects: [{{kind: Group, name: "agentrun:approvers"}}]
-"#
-    );
-    assert_success(
-        &cp.kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&yaml)),
-        "grant approvers",
+    cp.apply(
+        Identity::Admin,
+        &approvers_role(ns, &["agentrun:approvers"]),
     );
 }
 
@@ -81,20 +62,6 @@ fn decide(
 
 fn state_of(run: &AgentRun) -> RunState {
     RunState::from_json(run.status.as_ref().unwrap().run_state.as_deref().unwrap()).unwrap()
-}
-
-async fn pods_of(cp: &ControlPlane, ns: &str) -> Vec<String> {
-    let api: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let mut names: Vec<String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    names.sort();
-    names
 }
 
 /// Every request body the model received, as text: `reason` and `approverId` must never be there.

@@ -208,6 +208,63 @@ async fn namespace_admin_token(
     Ok(namespaces::service_account_token(&cluster.admin, ns, account, 4 * 3600).await?)
 }
 
+/// The names of the objects of `api` that hold finalizers. A failed listing is reported and ends
+/// the list there.
+async fn finalized<K>(api: &Api<K>, progress: &Progress) -> Vec<String>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut names = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        match api.list_metadata(&params).await {
+            Ok(page) => {
+                names.extend(
+                    page.items
+                        .iter()
+                        .filter(|o| !o.finalizers().is_empty())
+                        .map(|o| o.name_any()),
+                );
+                match page.metadata.continue_.filter(|t| !t.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => return names,
+                }
+            }
+            Err(error) => {
+                progress.say(format!("warning: listing objects to remove: {error}"));
+                return names;
+            }
+        }
+    }
+}
+
+/// Removes the finalizers of the objects `names` of `api`, `concurrency` at a time; returns how
+/// many could not be removed (an object already gone counts as done).
+async fn strip_finalizers<K>(api: &Api<K>, names: Vec<String>, concurrency: usize) -> usize
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let strip = json!({"metadata": {"finalizers": null}});
+    stream::iter(names)
+        .map(|name| {
+            let strip = &strip;
+            async move {
+                match api
+                    .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(strip))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .filter(|r| futures::future::ready(r.is_err()))
+        .count()
+        .await
+}
+
 /// Removes the namespace: finalizers first (the controller is stopped by then), then the
 /// namespace; waits a bounded time for it to go. Problems are reported, not returned.
 pub(crate) async fn remove_namespace(
@@ -217,78 +274,14 @@ pub(crate) async fn remove_namespace(
     progress: &Progress,
 ) {
     progress.say(format!("removing namespace {ns}"));
-    let strip = json!({"metadata": {"finalizers": null}});
     let runs: Api<AgentRun> = Api::namespaced(cluster.admin.clone(), ns);
     let requests: Api<ApprovalRequest> = Api::namespaced(cluster.admin.clone(), ns);
-    let mut names: Vec<(bool, String)> = Vec::new();
-    for is_run in [false, true] {
-        let mut token: Option<String> = None;
-        loop {
-            let mut params = ListParams::default().limit(500);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = if is_run {
-                runs.list_metadata(&params).await.map(|l| {
-                    let names = l
-                        .items
-                        .into_iter()
-                        .filter(|o| !o.finalizers().is_empty())
-                        .map(|o| o.name_any())
-                        .collect::<Vec<_>>();
-                    (names, l.metadata.continue_)
-                })
-            } else {
-                requests.list_metadata(&params).await.map(|l| {
-                    let names = l
-                        .items
-                        .into_iter()
-                        .filter(|o| !o.finalizers().is_empty())
-                        .map(|o| o.name_any())
-                        .collect::<Vec<_>>();
-                    (names, l.metadata.continue_)
-                })
-            };
-            match page {
-                Ok((page_names, next)) => {
-                    names.extend(page_names.into_iter().map(|n| (is_run, n)));
-                    match next.filter(|t| !t.is_empty()) {
-                        Some(t) => token = Some(t),
-                        None => break,
-                    }
-                }
-                Err(error) => {
-                    progress.say(format!("warning: listing objects of {ns}: {error}"));
-                    break;
-                }
-            }
-        }
-    }
-    let failures = stream::iter(names)
-        .map(|(is_run, name)| {
-            let (runs, requests, strip) = (&runs, &requests, &strip);
-            async move {
-                let params = PatchParams::default();
-                let result = if is_run {
-                    runs.patch_metadata(&name, &params, &Patch::Merge(strip))
-                        .await
-                        .map(|_| ())
-                } else {
-                    requests
-                        .patch_metadata(&name, &params, &Patch::Merge(strip))
-                        .await
-                        .map(|_| ())
-                };
-                match result {
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                    other => other,
-                }
-            }
-        })
-        .buffer_unordered(config.concurrency)
-        .filter(|r| futures::future::ready(r.is_err()))
-        .count()
-        .await;
+    let (request_names, run_names) = (
+        finalized(&requests, progress).await,
+        finalized(&runs, progress).await,
+    );
+    let failures = strip_finalizers(&requests, request_names, config.concurrency).await
+        + strip_finalizers(&runs, run_names, config.concurrency).await;
     if failures > 0 {
         progress.say(format!(
             "warning: {failures} finalizers of {ns} could not be removed"

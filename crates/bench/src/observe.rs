@@ -44,27 +44,25 @@ impl Observations {
     }
 }
 
-pub(crate) fn watch_pods(
-    client: Client,
-    ns: &str,
-    seen: Arc<Observations>,
-) -> AbortOnDropHandle<()> {
-    let api: Api<Pod> = Api::namespaced(client, ns);
+/// Watches `api`, calling `seen` with each object applied (or listed) and the moment it arrived,
+/// and `synced` once the initial listing is done. A failed watch is retried until the task is
+/// aborted (when the returned handle drops).
+fn watch<K, F, S>(api: Api<K>, mut seen: F, synced: S) -> AbortOnDropHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    F: FnMut(K, Instant) + Send + 'static,
+    S: Fn() + Send + 'static,
+{
     AbortOnDropHandle::new(tokio::spawn(async move {
         let stream = watcher(api, watcher::Config::default());
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(event)) => {
-                    let now = Instant::now();
-                    match event {
-                        watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                            lock(&seen.pods).entry(pod.name_any()).or_insert(now);
-                        }
-                        watcher::Event::InitDone => seen.pods_synced.store(true, Ordering::Relaxed),
-                        _ => {}
-                    }
+                Ok(Some(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                    seen(object, Instant::now());
                 }
+                Ok(Some(watcher::Event::InitDone)) => synced(),
+                Ok(Some(_)) => {}
                 Ok(None) => return,
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
@@ -72,45 +70,49 @@ pub(crate) fn watch_pods(
     }))
 }
 
+/// Records when each Pod of `ns` was first seen.
+pub(crate) fn watch_pods(
+    client: Client,
+    ns: &str,
+    seen: Arc<Observations>,
+) -> AbortOnDropHandle<()> {
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    let done = seen.clone();
+    watch(
+        api,
+        move |pod, now| {
+            lock(&seen.pods).entry(pod.name_any()).or_insert(now);
+        },
+        move || done.pods_synced.store(true, Ordering::Relaxed),
+    )
+}
+
+/// Records when each run of `ns` was first seen awaiting approval, and first seen finished.
 pub(crate) fn watch_runs(
     client: Client,
     ns: &str,
     seen: Arc<Observations>,
 ) -> AbortOnDropHandle<()> {
     let api: Api<AgentRun> = Api::namespaced(client, ns);
-    AbortOnDropHandle::new(tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default());
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            match stream.try_next().await {
-                Ok(Some(event)) => {
-                    let now = Instant::now();
-                    match event {
-                        watcher::Event::Apply(run) | watcher::Event::InitApply(run) => {
-                            let phase = run.status.as_ref().and_then(|s| s.phase);
-                            let mut runs = lock(&seen.runs);
-                            let entry = runs.entry(run.name_any()).or_default();
-                            match phase {
-                                Some(AgentRunPhase::AwaitingApproval) => {
-                                    entry.awaiting.get_or_insert(now);
-                                }
-                                Some(p) if p.is_terminal() => {
-                                    entry
-                                        .terminal
-                                        .get_or_insert((now, p == AgentRunPhase::Succeeded));
-                                }
-                                _ => {}
-                            }
-                        }
-                        watcher::Event::InitDone => seen.runs_synced.store(true, Ordering::Relaxed),
-                        _ => {}
-                    }
-                }
-                Ok(None) => return,
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+    let done = seen.clone();
+    let synced = move || done.runs_synced.store(true, Ordering::Relaxed);
+    let record = move |run: AgentRun, now: Instant| {
+        let phase = run.status.as_ref().and_then(|s| s.phase);
+        let mut runs = lock(&seen.runs);
+        let entry = runs.entry(run.name_any()).or_default();
+        match phase {
+            Some(AgentRunPhase::AwaitingApproval) => {
+                entry.awaiting.get_or_insert(now);
             }
+            Some(p) if p.is_terminal() => {
+                entry
+                    .terminal
+                    .get_or_insert((now, p == AgentRunPhase::Succeeded));
+            }
+            _ => {}
         }
-    }))
+    };
+    watch(api, record, synced)
 }
 
 /// Latencies (ms) from each start to the first sight of its Pod, waiting a bounded time for the

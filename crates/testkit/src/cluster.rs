@@ -414,6 +414,33 @@ pub fn assert_success(out: &Output, what: &str) {
     }
 }
 
+/// A tool's standard output, as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A tool's standard error, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts that kubectl failed and that its error names every `needle`.
+#[track_caller]
+pub fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
+    let err = stderr(out);
+    assert!(
+        !out.status.success(),
+        "{what} was accepted but must be refused:\nstdout: {}\nstderr: {err}",
+        stdout(out)
+    );
+    for needle in needles {
+        assert!(
+            err.contains(needle),
+            "{what}: the error does not say `{needle}`:\n{err}"
+        );
+    }
+}
+
 /// `Ok` when the tool succeeded, else its output.
 pub fn succeeded(out: &Output, what: &str) -> Result<(), String> {
     if out.status.success() {

@@ -14,6 +14,7 @@ pub mod cluster_env;
 pub mod model_server;
 pub mod namespaces;
 pub mod operator;
+mod recorded;
 pub mod runs;
 pub mod tool_server;
 pub mod wait;

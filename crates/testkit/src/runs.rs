@@ -4,6 +4,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
@@ -52,6 +53,34 @@ pub fn run_yaml(ns: &str, name: &str, agent: &str, input: &str) -> String {
     .expect("an AgentRun manifest")
 }
 
+/// A Role `approvers` in `ns` that reads and decides ApprovalRequests and reads AgentRuns, bound
+/// to the groups `groups` (YAML).
+pub fn approvers_role(ns: &str, groups: &[&str]) -> String {
+    let subjects: String = groups
+        .iter()
+        .map(|g| format!("- {{kind: Group, name: \"{g}\"}}\n"))
+        .collect();
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: approvers, namespace: {ns}}}
+rules:
+- apiGroups: [agentrun.dev]
+  resources: [approvalrequests]
+  verbs: [get, list, watch, patch]
+- apiGroups: [agentrun.dev]
+  resources: [agentruns]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: approvers, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
+subjects:
+{subjects}"#
+    )
+}
+
 /// Waits up to 90 s for run `run` to reach `phase` and returns it; panics with its status and the
 /// namespace's Events when it does not.
 pub async fn wait_for_phase(
@@ -93,6 +122,21 @@ pub async fn wait_for_phase_within(
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// The names of the Pods in `ns`, sorted.
+pub async fn pods_of(cp: &ControlPlane, ns: &str) -> Vec<String> {
+    let api: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, ns);
+    let mut names: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    names
 }
 
 /// The ApprovalRequests of run `run`, sorted by tool call id.

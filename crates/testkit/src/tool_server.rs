@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -17,6 +17,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use tokio_util::task::AbortOnDropHandle;
+
+pub use crate::recorded::RecordedRequest as ToolRequest;
+use crate::recorded::{RecordedRequest, lock};
 
 /// How the tool server answers one call.
 #[derive(Clone, Debug)]
@@ -48,49 +51,11 @@ impl ToolReply {
     }
 }
 
-/// One call the tool server received.
-#[derive(Clone, Debug)]
-pub struct ToolRequest {
-    /// The HTTP method.
-    pub method: String,
-    /// The path, e.g. `/delete_user`.
-    pub path: String,
-    /// The request headers (names lowercase), in order.
-    pub headers: Vec<(String, String)>,
-    /// The raw body.
-    pub body: String,
-}
-
-impl ToolRequest {
-    /// The first header with this name (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The `Idempotency-Key` header.
-    pub fn idempotency_key(&self) -> Option<&str> {
-        self.header("idempotency-key")
-    }
-
-    /// The body parsed as JSON (`Null` when it is not JSON).
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
-    }
-}
-
 #[derive(Default)]
 struct Shared {
     standing: Mutex<HashMap<String, ToolReply>>,
     queued: Mutex<HashMap<String, VecDeque<ToolReply>>>,
     requests: Mutex<Vec<ToolRequest>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn normalize(path: &str) -> String {
@@ -200,20 +165,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
-    let request = ToolRequest {
-        method: method.to_string(),
-        path: path.clone(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect(),
-        body: String::from_utf8_lossy(&body).into_owned(),
-    };
+    let request = RecordedRequest::new(&method, path.clone(), &headers, &body);
     let arguments = request.json();
     lock(&shared.requests).push(request);
     let queued = lock(&shared.queued)

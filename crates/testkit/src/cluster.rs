@@ -17,10 +17,9 @@ use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use agentrun_dev_kubelet::ClusterAccess;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-
-use agentrun_dev_kubelet::ClusterAccess;
 
 use crate::cluster_env::{ClusterEnv, parse_cluster_env};
 use crate::namespaces;

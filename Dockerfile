@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
-# The agentrun image: the `agentrun` binary (controller, worker, dev-kubelet, crdgen, local runs) and
-# the `kubectl-agentrun` kubectl plugin, on a minimal non-root runtime base.
+# The agentrun image: the `agentrun` binary (controller, worker, crdgen, local runs) and the
+# `kubectl-agentrun` kubectl plugin, on a minimal non-root runtime base. The workspace's other
+# members (crates/: the dev kubelet, the test kit, the benchmark) are dev tools, not built here.
 #
 #   docker build -t ghcr.io/agentrun-dev/agentrun:0.1.0 \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
@@ -12,16 +13,18 @@ ARG RUST_VERSION=1
 
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
-# The whole source tree (see .dockerignore); --locked builds exactly the versions of Cargo.lock.
+# The whole source tree (see .dockerignore; cargo needs every workspace member's manifest);
+# --locked builds exactly the versions of Cargo.lock.
 COPY . .
 # The cache mounts keep the registry and the target folder between builds (BuildKit), so the
-# binaries are copied out of the cached target folder in the same step. `--bins` builds both binary
-# targets: agentrun (src/main.rs) and the kubectl plugin kubectl-agentrun (src/bin/).
+# binaries are copied out of the cached target folder in the same step. `-p agentrun --bins` builds
+# the root package's two binary targets only: agentrun (src/main.rs) and the kubectl plugin
+# kubectl-agentrun (src/bin/).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
     set -eu; \
-    cargo build --release --locked --bins; \
+    cargo build --release --locked -p agentrun --bins; \
     mkdir -p /out; \
     cp target/release/agentrun target/release/kubectl-agentrun /out/; \
     /out/agentrun --version

@@ -2,12 +2,10 @@
 //! calls and resume later, with an audit trail.
 
 pub mod agent;
-pub mod bench;
 pub mod chunk_store;
 pub mod cli;
 pub mod controller;
 pub mod crd;
-pub mod dev_kubelet;
 pub mod plugin;
 pub mod state;
 pub mod time;

@@ -28,10 +28,6 @@ enum Command {
     Controller(agentrun::cli::operator::ControllerArgs),
     /// Run one step of an AgentRun (the command of worker Pods).
     Worker(agentrun::cli::operator::WorkerArgs),
-    /// Dev only: play the kubelet's part for worker Pods on a cluster without nodes.
-    DevKubelet(agentrun::cli::operator::DevKubeletArgs),
-    /// Benchmark the operator against a local control plane and print the figures.
-    Bench(agentrun::cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,7 +38,5 @@ fn main() -> ExitCode {
         Command::Crdgen(args) => agentrun::cli::crdgen::main(args),
         Command::Controller(args) => agentrun::cli::operator::controller(args),
         Command::Worker(args) => agentrun::cli::operator::worker(args),
-        Command::DevKubelet(args) => agentrun::cli::operator::dev_kubelet(args),
-        Command::Bench(args) => agentrun::cli::bench::main(args),
     }
 }

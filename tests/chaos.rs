@@ -3,22 +3,22 @@
 //! Afterwards every run has finished, every approved tool call ran exactly once per
 //! Idempotency-Key (re-sent only as recorded), no decision was lost and no Pod was duplicated.
 //! Bounded in time; it stops by itself. `AGENTRUN_CHAOS_RUNS` changes the number of runs.
-
-mod support;
+//!
+//! A test binary of its own, so a control plane of its own: it restarts kube-apiserver, which
+//! would fail the requests of any test sharing the control plane.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use agentrun::controller::{self, ControllerConfig, decide::Policy};
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
-use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
+use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
+use agentrun_testkit::operator::start_dev_kubelet;
+use agentrun_testkit::tool_server::ToolServer;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::config::Kubeconfig;
 use rand::Rng;
 use serde_json::json;
-use support::cluster::{ControlPlane, Identity, assert_success};
-use support::tool_server::ToolServer;
 
 fn runs_wanted() -> usize {
     std::env::var("AGENTRUN_CHAOS_RUNS")
@@ -72,9 +72,9 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
     // Approved calls take a moment, so that some workers are killed while a call is in flight.
     tools.set_reply(
         "/delete_user",
-        support::tool_server::ToolReply::Delay(
+        agentrun_testkit::tool_server::ToolReply::Delay(
             Duration::from_millis(300),
-            Box::new(support::tool_server::ToolReply::Echo),
+            Box::new(agentrun_testkit::tool_server::ToolReply::Echo),
         ),
     );
 
@@ -82,17 +82,7 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
     let agents: Api<agentrun::crd::Agent> = Api::namespaced(admin.clone(), &ns.name);
     let runs: Api<AgentRun> = Api::namespaced(admin.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns.name);
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).unwrap();
-    let kubelet = tokio::spawn(dev_kubelet::run(
-        admin.clone(),
-        DevKubeletConfig {
-            agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),
-            namespace: Some(ns.name.clone()),
-            work_dir: std::env::temp_dir().join(format!("agentrun-chaos-{}", ns.name)),
-            cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
-            max_pods: 0,
-        },
-    ));
+    let kubelet = start_dev_kubelet(cp, &ns.name).await;
     let mut current = controller(cp, &ns.name).await;
 
     // One Agent per run, so each run's approved call has its own id (and Idempotency-Key).

@@ -3,8 +3,11 @@
 //! refused with a clear message, and the ApprovalRequest's CEL rules keep the request fields
 //! immutable and a decision final. Everything here runs as admin; identity checks belong to the
 //! admission policies.
-
-mod support;
+//!
+//! A test binary of its own, so a control plane of its own: these tests need a cluster WITHOUT the
+//! admission policies of `crds/` (admin records decisions in other names here, which the policies
+//! refuse), and the policies are cluster-wide, so they cannot share the control plane of
+//! `tests/cluster`.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -15,13 +18,15 @@ use agentrun::crd::{
     CATEGORY, ConditionStatus, Decision, RunStateEncoding, VerifiedIdentity, WorkerOverrides,
     approval_request_name, arguments_digest, new_condition,
 };
+use agentrun_testkit::cluster::{
+    ControlPlane, Identity, TestNamespace, assert_refused, stderr, stdout,
+};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
-use support::cluster::{ControlPlane, Identity, TestNamespace};
 
 /// The documented way to approve, exactly.
 const APPROVE_PATCH: &str = r#"{"spec":{"decision":"Approved","approverId":"alice@example.com","reason":"authorized per change CR-1234"}}"#;
@@ -47,14 +52,6 @@ fn words(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[track_caller]
 fn assert_ok(out: &Output, what: &str) {
     assert!(
@@ -63,23 +60,6 @@ fn assert_ok(out: &Output, what: &str) {
         stdout(out),
         stderr(out)
     );
-}
-
-/// Asserts that kubectl failed and that its error names every `needle`.
-#[track_caller]
-fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "{what} was accepted but must be refused:\nstdout: {}\nstderr: {err}",
-        stdout(out)
-    );
-    for needle in needles {
-        assert!(
-            err.contains(needle),
-            "{what}: the error does not say `{needle}`:\n{err}"
-        );
-    }
 }
 
 fn kubectl_patch(cp: &ControlPlane, ns: &str, resource: &str, name: &str, patch: &str) -> Output {

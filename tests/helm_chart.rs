@@ -4,8 +4,11 @@
 //! with a token of the chart's service account through a whole approval flow (which proves the
 //! chart's RBAC is enough), the controller's rights being no more than that, and `helm upgrade` and
 //! `helm uninstall` leaving nothing behind.
-
-mod support;
+//!
+//! A test binary of its own, so a control plane of its own: every admission policy and user role
+//! in this cluster must come from the chart (several releases install their own, cluster-wide, and
+//! the roles aggregate into `view`, `edit` and `admin`), so it cannot share the control plane of
+//! `tests/cluster`, which holds those of `crds/`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -15,18 +18,18 @@ use std::time::Duration;
 
 use agentrun::controller::{self, ControllerConfig, LeaderElection, StartError, decide::Policy};
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
-use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
+use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success, repo_root};
+use agentrun_testkit::model_server::{ModelServer, Reply};
+use agentrun_testkit::operator::start_dev_kubelet;
+use agentrun_testkit::tool_server::ToolServer;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, ListParams};
-use kube::config::Kubeconfig;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success, repo_root};
-use support::model_server::{ModelServer, Reply};
-use support::tool_server::ToolServer;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The chart's folder.
 fn chart() -> PathBuf {
@@ -103,34 +106,8 @@ static CRDS: OnceLock<()> = OnceLock::new();
 /// `ControlPlane::install_crds`: that also applies the admission policies and roles of the top-level
 /// `crds/`, and here every policy in the cluster must come from the chart.
 fn install_crds(cp: &ControlPlane) {
-    CRDS.get_or_init(|| {
-        let crds = chart().join("crds");
-        let out = cp.kubectl(
-            Identity::Admin,
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                crds.to_str().unwrap(),
-            ],
-        );
-        assert_success(&out, "kubectl apply -f charts/agentrun/crds");
-        let out = cp.kubectl(
-            Identity::Admin,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd",
-                "-l",
-                "app.kubernetes.io/part-of=agentrun",
-            ],
-        );
-        assert_success(&out, "kubectl wait for the CRDs");
-    });
+    CRDS.get_or_init(|| cp.apply_crds(&[chart().join("crds")]));
 }
-
 /// A helm release of the chart, uninstalled when dropped (unless the test failed, to leave it for
 /// inspection, or AGENTRUN_KEEP_NAMESPACES is set).
 struct Release {
@@ -1130,7 +1107,7 @@ async fn wait_for_phase(
     ns: &str,
     run: &str,
     phase: AgentRunPhase,
-    controller: &tokio::task::JoinHandle<Result<(), StartError>>,
+    controller: &AbortOnDropHandle<Result<(), StartError>>,
 ) -> AgentRun {
     let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, ns);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -1242,28 +1219,14 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         }),
         ..Default::default()
     };
-    let controller = tokio::spawn(async move {
+    let controller = AbortOnDropHandle::new(tokio::spawn(async move {
         let result = controller::run(client, config).await;
         if let Err(error) = &result {
             eprintln!("controller: {error}");
         }
         result
-    });
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).unwrap();
-    let kubelet_config = DevKubeletConfig {
-        agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),
-        namespace: Some(runs.name.clone()),
-        work_dir: std::env::temp_dir().join(format!("agentrun-chart-{}", runs.name)),
-        cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
-        max_pods: 0,
-    };
-    let admin = cp.client(Identity::Admin).await;
-    let kubelet = tokio::spawn(async move {
-        if let Err(error) = dev_kubelet::run(admin, kubelet_config).await {
-            eprintln!("dev kubelet: {error}");
-        }
-    });
-    let _stop = AbortOnDrop(vec![controller.abort_handle(), kubelet.abort_handle()]);
+    }));
+    let _kubelet = start_dev_kubelet(cp, &runs.name).await;
 
     // An Agent whose model key is in a Secret: the controller must be able to grant its worker
     // `get` on that Secret, which only works if the chart gave the controller that right.
@@ -1522,17 +1485,6 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
     let run_json = serde_json::to_string(&done).unwrap();
     for (place, body) in [("the run", &run_json), ("the Events", &events)] {
         assert!(!body.contains(&api_key), "the API key leaked into {place}");
-    }
-}
-
-/// Aborts tasks when dropped (the controller and dev kubelet of a test).
-struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for handle in &self.0 {
-            handle.abort();
-        }
     }
 }
 

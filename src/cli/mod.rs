@@ -1,6 +1,5 @@
 //! The subcommands of the `agentrun` binary. Each returns the process exit code.
 
-pub mod bench;
 pub mod crdgen;
 pub mod operator;
 pub mod run;

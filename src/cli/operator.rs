@@ -1,14 +1,11 @@
-//! `agentrun controller`, `agentrun worker` and `agentrun dev-kubelet`: the in-cluster commands.
+//! `agentrun controller` and `agentrun worker`: the in-cluster commands.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use kube::Client;
-use kube::config::Kubeconfig;
 
 use crate::controller::{ControllerConfig, WorkerSettings};
-use crate::dev_kubelet::{ClusterAccess, DevKubeletConfig};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -118,27 +115,6 @@ pub struct WorkerArgs {
     pub log_format: LogFormat,
 }
 
-/// `agentrun dev-kubelet`.
-#[derive(Args, Debug)]
-pub struct DevKubeletArgs {
-    /// Run only Pods of this namespace (default: all namespaces).
-    #[arg(long)]
-    pub namespace: Option<String>,
-    /// Where Pod folders are made (default: a folder in the system temp dir).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-    /// The agentrun binary that stands for the image's command (default: this binary).
-    #[arg(long)]
-    pub agentrun_binary: Option<PathBuf>,
-    /// How many worker Pods run at once, like a node's maxPods (0: no limit); further Pods stay
-    /// Pending until one finishes.
-    #[arg(long, default_value_t = 0)]
-    pub max_pods: usize,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-}
-
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -241,59 +217,6 @@ pub fn worker(args: WorkerArgs) -> ExitCode {
                     _ => ExitCode::FAILURE,
                 }
             }
-        }
-    })
-}
-
-/// Runs the dev kubelet.
-pub fn dev_kubelet(args: DevKubeletArgs) -> ExitCode {
-    init_logging(args.log_format);
-    install_crypto();
-    runtime().block_on(async move {
-        let kubeconfig = match Kubeconfig::read() {
-            Ok(k) => k,
-            Err(e) => {
-                eprintln!("error: the dev kubelet needs a kubeconfig (KUBECONFIG): {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let cluster = match ClusterAccess::from_kubeconfig(&kubeconfig) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let client = match Client::try_default().await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: cannot configure a Kubernetes client: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let binary = args
-            .agentrun_binary
-            .or_else(|| std::env::current_exe().ok())
-            .unwrap_or_else(|| PathBuf::from("agentrun"));
-        let work_dir = args.work_dir.unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("agentrun-dev-kubelet-{}", std::process::id()))
-        });
-        let config = DevKubeletConfig {
-            agentrun_binary: binary,
-            namespace: args.namespace,
-            work_dir,
-            cluster,
-            max_pods: args.max_pods,
-        };
-        tokio::select! {
-            result = crate::dev_kubelet::run(client, config) => match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            },
-            _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
         }
     })
 }

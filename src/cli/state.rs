@@ -190,12 +190,7 @@ pub fn summary(state: &RunState) -> String {
         let _ = writeln!(out, "  (none)");
     }
     let tool_name = |id: &str| {
-        state
-            .deferred_tool_requests
-            .approvals
-            .iter()
-            .find(|c| c.tool_call_id == id)
-            .map_or_else(|| "?".to_owned(), |c| one_line(&c.tool_name, SHOWN_CHARS))
+        called_tool(state, id).map_or_else(|| "?".to_owned(), |name| one_line(&name, SHOWN_CHARS))
     };
     let audit = |id: &str| match state.approval_metadata.get(id) {
         Some(m) => format!(
@@ -240,6 +235,29 @@ pub fn summary(state: &RunState) -> String {
         let _ = writeln!(out, "  {}", describe_message(message));
     }
     out
+}
+
+/// The tool that call `id` names: from the calls awaiting approval or, once decided (they leave
+/// `deferred_tool_requests` then), from the assistant message that made the call.
+fn called_tool(state: &RunState, id: &str) -> Option<String> {
+    if let Some(call) = state
+        .deferred_tool_requests
+        .approvals
+        .iter()
+        .find(|c| c.tool_call_id == id)
+    {
+        return Some(call.tool_name.clone());
+    }
+    state
+        .messages
+        .iter()
+        .rev()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_list))
+        .flatten()
+        .find(|call| call.get("id").and_then(Value::as_str) == Some(id))
+        .and_then(|call| call.get("function")?.get("name")?.as_str())
+        .map(str::to_owned)
 }
 
 /// One line describing a chat-completions message: `[role] content`, tool calls, tool results.

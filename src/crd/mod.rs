@@ -186,6 +186,7 @@ pub fn custom_resource_definitions() -> Vec<(&'static str, &'static str, CustomR
             "ApprovalRecord",
             ApprovalRecord::crd(),
         ),
+        ("runstatechunk.yaml", "RunStateChunk", RunStateChunk::crd()),
     ];
     for (_, _, crd) in &mut crds {
         for version in &mut crd.spec.versions {

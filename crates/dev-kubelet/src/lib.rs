@@ -16,13 +16,17 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::Kubeconfig;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
+
+pub mod cli;
+mod cluster_access;
+
+pub use cluster_access::ClusterAccess;
 
 /// The label selecting the Pods this stand-in runs.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=agentrun";
@@ -69,64 +73,6 @@ pub struct DevKubeletConfig {
     /// How many Pods run at once, like a node's `maxPods` (0: no limit). Further Pods stay Pending
     /// until one finishes.
     pub max_pods: usize,
-}
-
-/// How a worker process reaches the API server.
-#[derive(Clone, Debug)]
-pub struct ClusterAccess {
-    /// The API server URL.
-    pub server: String,
-    /// Base64 PEM of the CA, as in a kubeconfig's `certificate-authority-data`.
-    pub certificate_authority_data: Option<String>,
-}
-
-impl ClusterAccess {
-    /// Reads the server and CA from a kubeconfig (the current context's cluster).
-    pub fn from_kubeconfig(kubeconfig: &Kubeconfig) -> Result<Self, DevKubeletError> {
-        let context_name = kubeconfig
-            .current_context
-            .clone()
-            .ok_or_else(|| DevKubeletError::Kubeconfig("no current-context".into()))?;
-        let context = kubeconfig
-            .contexts
-            .iter()
-            .find(|c| c.name == context_name)
-            .and_then(|c| c.context.clone())
-            .ok_or_else(|| DevKubeletError::Kubeconfig(format!("no context {context_name}")))?;
-        let cluster = kubeconfig
-            .clusters
-            .iter()
-            .find(|c| c.name == context.cluster)
-            .and_then(|c| c.cluster.clone())
-            .ok_or_else(|| {
-                DevKubeletError::Kubeconfig(format!("no cluster {}", context.cluster))
-            })?;
-        let certificate_authority_data = match (
-            &cluster.certificate_authority_data,
-            &cluster.certificate_authority,
-        ) {
-            (Some(data), _) => Some(data.clone()),
-            (None, Some(path)) => {
-                let pem = std::fs::read(path).map_err(|source| DevKubeletError::Io {
-                    what: format!("reading {path}"),
-                    source,
-                })?;
-                Some(base64_pem(&pem))
-            }
-            (None, None) => None,
-        };
-        Ok(Self {
-            server: cluster
-                .server
-                .ok_or_else(|| DevKubeletError::Kubeconfig("cluster has no server".into()))?,
-            certificate_authority_data,
-        })
-    }
-}
-
-fn base64_pem(pem: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(pem)
 }
 
 type Running = Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>;
@@ -402,38 +348,14 @@ fn write_kubeconfig(
     account: &str,
     token: &str,
 ) -> Result<PathBuf, DevKubeletError> {
-    let mut cluster_entry = json!({"server": cluster.server});
-    if let Some(ca) = &cluster.certificate_authority_data {
-        cluster_entry["certificate-authority-data"] = json!(ca);
-    }
-    let doc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "cluster", "cluster": cluster_entry}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "pod", "context": {"cluster": "cluster", "user": account}}],
-        "current-context": "pod",
-    });
     let path = dir.join("kubeconfig");
-    let text =
-        serde_yaml_ng::to_string(&doc).map_err(|e| DevKubeletError::Kubeconfig(e.to_string()))?;
-    write_private(&path, text.as_bytes()).map_err(|source| DevKubeletError::Io {
-        what: format!("writing {}", path.display()),
-        source,
-    })?;
+    cluster
+        .write_token_kubeconfig(&path, account, token)
+        .map_err(|source| DevKubeletError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
     Ok(path)
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)
 }
 
 fn container_name(pod: &Pod) -> String {

@@ -7,19 +7,22 @@
 //!
 //! Set `AGENTRUN_TEST_CLUSTER_DIR` to the folder of a cluster started with
 //! `scripts/local-cluster start` to reuse it instead (faster when iterating).
+//!
+//! The tests of one binary run in parallel on its control plane: each works in namespaces of its
+//! own ([`ControlPlane::namespace`]) and names any cluster-scoped object it creates uniquely.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{Api, ObjectMeta, PostParams};
+use agentrun_dev_kubelet::ClusterAccess;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+
+use crate::cluster_env::{ClusterEnv, parse_cluster_env};
+use crate::namespaces;
 
 /// The identities of the local cluster's static token file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +75,7 @@ impl Identity {
 /// A running control plane shared by all tests of one binary.
 pub struct ControlPlane {
     dir: PathBuf,
-    env: BTreeMap<String, String>,
+    env: ClusterEnv,
     /// Kept open for the life of the process: closing it stops the cluster.
     _lifeline: Option<Mutex<(Child, ChildStdin)>>,
     crds: OnceLock<()>,
@@ -80,9 +83,13 @@ pub struct ControlPlane {
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
 
-/// The repository root.
+/// The repository root (this crate is `crates/testkit` in it).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/testkit has a grandparent")
+        .to_path_buf()
 }
 
 impl ControlPlane {
@@ -163,22 +170,24 @@ impl ControlPlane {
 
     /// The API server's URL.
     pub fn url(&self) -> &str {
-        &self.env["KUBE_APISERVER_URL"]
+        &self.env.api_url
     }
 
     /// The folder holding kube-apiserver, etcd, kube-controller-manager, kubectl and helm.
     pub fn bin_dir(&self) -> PathBuf {
-        PathBuf::from(&self.env["BIN_DIR"])
+        self.env.bin_dir.clone()
     }
 
     /// The API server's audit log (JSON lines).
     pub fn audit_log(&self) -> PathBuf {
-        PathBuf::from(&self.env["AUDIT_LOG"])
+        self.env.audit_log.clone()
     }
 
     /// The kubeconfig file of an identity.
     pub fn kubeconfig(&self, identity: Identity) -> PathBuf {
-        PathBuf::from(&self.env["KUBECONFIG_DIR"]).join(format!("{}.kubeconfig", identity.key()))
+        self.env
+            .kubeconfig_dir
+            .join(format!("{}.kubeconfig", identity.key()))
     }
 
     /// The bearer token of an identity.
@@ -220,15 +229,11 @@ impl ControlPlane {
     /// A kubeconfig file (in the cluster folder) for a bearer token, e.g. for kubectl or a worker.
     pub fn write_token_kubeconfig(&self, name: &str, token: &str) -> PathBuf {
         let path = self.dir.join(format!("kubeconfig/{name}.kubeconfig"));
-        let admin = kubeconfig_yaml(&self.kubeconfig(Identity::Admin));
-        let ca = admin["clusters"][0]["cluster"]["certificate-authority-data"]
-            .as_str()
-            .expect("CA in kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: local\n    user: {name}\ncurrent-context: {name}\n",
-            self.url()
-        );
-        std::fs::write(&path, text).expect("write kubeconfig");
+        let admin = Kubeconfig::read_from(self.kubeconfig(Identity::Admin)).expect("kubeconfig");
+        ClusterAccess::from_kubeconfig(&admin)
+            .expect("the admin kubeconfig names the cluster")
+            .write_token_kubeconfig(&path, name, token)
+            .expect("write kubeconfig");
         path
     }
 
@@ -237,28 +242,14 @@ impl ControlPlane {
     pub async fn namespace(&self, prefix: &str) -> TestNamespace {
         let name = format!("{}-{:08x}", prefix, rand::random::<u32>());
         let client = self.client(Identity::Admin).await;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some([("agentrun.dev/test".to_string(), "true".to_string())].into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create namespace");
-        let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while accounts.get_opt("default").await.expect("get sa").is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "no default service account in {name}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        namespaces::create_namespace(
+            &client,
+            &name,
+            &[("agentrun.dev/test", "true")],
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("namespace {name}: {e}"));
         TestNamespace {
             name,
             kubeconfig: self.kubeconfig(Identity::Admin),
@@ -286,6 +277,14 @@ impl ControlPlane {
         )
     }
 
+    /// `kubectl apply -f -` of `yaml` as `identity`; panics when it fails.
+    pub fn apply(&self, identity: Identity, yaml: &str) {
+        assert_success(
+            &self.kubectl_with_stdin(identity, &["apply", "-f", "-"], Some(yaml)),
+            "kubectl apply",
+        );
+    }
+
     /// Runs helm as admin.
     pub fn helm(&self, args: &[&str]) -> Output {
         run_tool(
@@ -301,29 +300,7 @@ impl ControlPlane {
     pub async fn install_crds(&self) {
         self.crds.get_or_init(|| {
             let crds = repo_root().join("crds");
-            let out = self.kubectl(
-                Identity::Admin,
-                &[
-                    "apply",
-                    "--server-side",
-                    "--force-conflicts",
-                    "-f",
-                    crds.to_str().unwrap(),
-                ],
-            );
-            assert_success(&out, "kubectl apply -f crds/");
-            let out = self.kubectl(
-                Identity::Admin,
-                &[
-                    "wait",
-                    "--for=condition=Established",
-                    "--timeout=60s",
-                    "crd",
-                    "-l",
-                    "app.kubernetes.io/part-of=agentrun",
-                ],
-            );
-            assert_success(&out, "kubectl wait for CRDs");
+            self.apply_crds(std::slice::from_ref(&crds));
             self.wait_served(crds.join("admission-policies.yaml").exists());
         });
     }
@@ -333,34 +310,21 @@ impl ControlPlane {
     pub async fn install_crds_only(&self) {
         self.crds.get_or_init(|| {
             let crds = repo_root().join("crds");
-            for file in ["agent.yaml", "agentrun.yaml", "approvalrequest.yaml"] {
-                let path = crds.join(file);
-                let out = self.kubectl(
-                    Identity::Admin,
-                    &[
-                        "apply",
-                        "--server-side",
-                        "--force-conflicts",
-                        "-f",
-                        path.to_str().unwrap(),
-                    ],
-                );
-                assert_success(&out, "kubectl apply a CRD");
-            }
-            let out = self.kubectl(
-                Identity::Admin,
-                &[
-                    "wait",
-                    "--for=condition=Established",
-                    "--timeout=60s",
-                    "crd",
-                    "-l",
-                    "app.kubernetes.io/part-of=agentrun",
-                ],
-            );
-            assert_success(&out, "kubectl wait for CRDs");
+            let files =
+                ["agent.yaml", "agentrun.yaml", "approvalrequest.yaml"].map(|f| crds.join(f));
+            self.apply_crds(&files);
             self.wait_served(false);
         });
+    }
+
+    /// [`apply_crds`] as admin; panics when it fails.
+    pub fn apply_crds(&self, paths: &[PathBuf]) {
+        apply_crds(
+            &self.bin_dir().join("kubectl"),
+            &self.kubeconfig(Identity::Admin),
+            paths,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Waits until the API server serves the custom resources to admission too (Established comes
@@ -393,20 +357,9 @@ impl ControlPlane {
     /// Mints a token for a service account with the TokenRequest API.
     pub async fn service_account_token(&self, namespace: &str, account: &str) -> String {
         let client = self.client(Identity::Admin).await;
-        let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                audiences: Some(vec![]),
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let response = accounts
-            .create_token_request(account, &PostParams::default(), &request)
+        namespaces::service_account_token(&client, namespace, account, 3600)
             .await
-            .expect("token request");
-        response.status.and_then(|s| s.token).expect("token status")
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Stops kube-apiserver and starts it again with the same flags (etcd keeps the data); returns
@@ -455,13 +408,75 @@ impl Drop for TestNamespace {
 
 /// Panics with the tool's output when it failed.
 pub fn assert_success(out: &Output, what: &str) {
+    if let Err(e) = succeeded(out, what) {
+        panic!("{e}");
+    }
+}
+
+/// A tool's standard output, as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A tool's standard error, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts that kubectl failed and that its error names every `needle`.
+#[track_caller]
+pub fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
+    let err = stderr(out);
     assert!(
-        out.status.success(),
+        !out.status.success(),
+        "{what} was accepted but must be refused:\nstdout: {}\nstderr: {err}",
+        stdout(out)
+    );
+    for needle in needles {
+        assert!(
+            err.contains(needle),
+            "{what}: the error does not say `{needle}`:\n{err}"
+        );
+    }
+}
+
+/// `Ok` when the tool succeeded, else its output.
+pub fn succeeded(out: &Output, what: &str) -> Result<(), String> {
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "{what} failed ({}):\nstdout: {}\nstderr: {}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ))
+}
+
+/// `kubectl apply --server-side --force-conflicts -f PATH` of each of `paths` (files or folders)
+/// with `kubeconfig`, then waits up to 60 s until every agentrun CRD is Established. The error
+/// holds the output of the command that failed.
+pub fn apply_crds(kubectl: &Path, kubeconfig: &Path, paths: &[PathBuf]) -> Result<(), String> {
+    for path in paths {
+        let path = path.to_string_lossy();
+        let args = ["apply", "--server-side", "--force-conflicts", "-f", &path];
+        succeeded(
+            &run_tool(kubectl, kubeconfig, &args, None),
+            &format!("kubectl apply -f {path}"),
+        )?;
+    }
+    let wait = [
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=agentrun",
+    ];
+    succeeded(
+        &run_tool(kubectl, kubeconfig, &wait, None),
+        "kubectl wait for the CRDs",
+    )
 }
 
 fn run_tool(exe: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
@@ -503,13 +518,10 @@ fn run_tool(exe: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -
     child.wait_with_output().expect("wait for tool")
 }
 
-fn read_env(dir: &Path) -> BTreeMap<String, String> {
-    std::fs::read_to_string(dir.join("cluster.env"))
-        .expect("cluster.env")
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+fn read_env(dir: &Path) -> ClusterEnv {
+    let path = dir.join("cluster.env");
+    let text = std::fs::read_to_string(&path).expect("cluster.env");
+    parse_cluster_env(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn kubeconfig_yaml(path: &Path) -> serde_json::Value {

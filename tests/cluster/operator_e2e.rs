@@ -3,131 +3,37 @@
 //! minted for the run's service account), people act through real `kubectl` with their own tokens,
 //! and the model and tools are real HTTP servers on loopback.
 
-mod support;
-
 use std::time::Duration;
 
 use agentrun::controller;
 use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
 use agentrun::state::RunState;
-use k8s_openapi::api::core::v1::Pod;
+use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
+use agentrun_testkit::model_server::{ModelServer, Reply};
+use agentrun_testkit::operator::{Operator, start_controller};
+use agentrun_testkit::runs::{
+    agent_yaml, approvers_role, pods_of, requests_of, run_yaml, wait_for_phase,
+};
+use agentrun_testkit::tool_server::ToolServer;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
-use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
-use support::model_server::{ModelServer, Reply};
-use support::operator::{Operator, start_controller};
-use support::tool_server::ToolServer;
 
 async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
-    let operator = support::operator::start_operator(cp, ns).await;
+    let operator = agentrun_testkit::operator::start_operator(cp, ns).await;
     grant_approvers(cp, &ns.name);
     operator
 }
 
 /// alice and bob may read and decide ApprovalRequests in the namespace.
 fn grant_approvers(cp: &ControlPlane, ns: &str) {
-    let yaml = format!(
-        r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: approvers, namespace: {ns}}}
-rules:
-- apiGroups: [agentrun.dev]
-  resources: [approvalrequests]
-  verbs: [get, list, watch, patch]
-- apiGroups: [agentrun.dev]
-  resources: [agentruns]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: approvers, namespace: {ns}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
-subjects: [{{kind: Group, name: "agentrun:approvers"}}]
-"#
+    cp.apply(
+        Identity::Admin,
+        &approvers_role(ns, &["agentrun:approvers"]),
     );
-    assert_success(
-        &cp.kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&yaml)),
-        "grant approvers",
-    );
-}
-
-fn apply(cp: &ControlPlane, identity: Identity, yaml: &str) {
-    assert_success(
-        &cp.kubectl_with_stdin(identity, &["apply", "-f", "-"], Some(yaml)),
-        "kubectl apply",
-    );
-}
-
-fn agent_yaml(ns: &str, name: &str, model: serde_json::Value, tools: &ToolServer) -> String {
-    let agent = json!({
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "Agent",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "instructions": "You are an operations agent. Be careful.",
-            "model": model,
-            "maxTurns": 10,
-            "tools": [
-                {"name": "delete_user", "description": "Delete a user", "requiresApproval": true,
-                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]},
-                 "http": {"url": tools.url("/delete_user"), "timeoutSeconds": 10}},
-                {"name": "lookup_user", "description": "Look a user up", "requiresApproval": false,
-                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}},
-                 "http": {"url": tools.url("/lookup_user"), "timeoutSeconds": 10}}
-            ]
-        }
-    });
-    serde_json::to_string(&agent).unwrap()
-}
-
-fn run_yaml(ns: &str, name: &str, agent: &str, input: &str) -> String {
-    serde_json::to_string(&json!({
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"agentRef": {"name": agent}, "input": input}
-    }))
-    .unwrap()
 }
 
 fn openai_model(server: &ModelServer) -> serde_json::Value {
     json!({"baseUrl": server.base_url(), "name": "test-model", "maxRetries": 0, "timeoutSeconds": 10})
-}
-
-async fn wait_for_phase(cp: &ControlPlane, ns: &str, run: &str, phase: AgentRunPhase) -> AgentRun {
-    let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let current = api.get(run).await.expect("get run");
-        let status = current.status.clone().unwrap_or_default();
-        if status.phase == Some(phase) {
-            return current;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let out = cp.kubectl(
-                Identity::Admin,
-                &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
-            );
-            panic!(
-                "run {run} did not reach {phase:?}; status: {}\nevents:\n{}",
-                serde_json::to_string_pretty(&status).unwrap(),
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn requests_of(cp: &ControlPlane, ns: &str, run: &str) -> Vec<ApprovalRequest> {
-    let api: Api<ApprovalRequest> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let mut list = api
-        .list(&ListParams::default().labels(&format!("agentrun.dev/run={run}")))
-        .await
-        .unwrap()
-        .items;
-    list.sort_by(|a, b| a.spec.tool_call_id.cmp(&b.spec.tool_call_id));
-    list
 }
 
 fn decide(
@@ -158,20 +64,6 @@ fn state_of(run: &AgentRun) -> RunState {
     RunState::from_json(run.status.as_ref().unwrap().run_state.as_deref().unwrap()).unwrap()
 }
 
-async fn pods_of(cp: &ControlPlane, ns: &str) -> Vec<String> {
-    let api: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let mut names: Vec<String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    names.sort();
-    names
-}
-
 /// Every request body the model received, as text: `reason` and `approverId` must never be there.
 fn assert_model_never_saw(model: &ModelServer, secrets: &[&str]) {
     for request in model.requests() {
@@ -198,13 +90,11 @@ async fn approve_then_the_tool_runs_once_and_the_audit_holds_alice() {
         json!({"user_id": "u-1"}),
     )]));
     model.push(Reply::text("User u-1 deleted."));
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"),
     );
@@ -278,13 +168,11 @@ async fn reject_tells_the_model_the_message_never_the_reason() {
         json!({"user_id": "u-1"}),
     )]));
     model.push(Reply::text("I could not delete the user."));
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete user u-1"),
     );
@@ -338,13 +226,11 @@ async fn two_calls_in_one_halt_then_a_second_halt() {
         json!({"user_id": "u-3"}),
     )]));
     model.push(Reply::text("Deleted u-1 and u-3; u-2 was refused."));
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1, u-2, u-3"),
     );
@@ -416,13 +302,11 @@ async fn a_run_needing_no_approval_finishes_in_one_step() {
         {"toolCalls": [{"id": "call_1", "name": "lookup_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "u-1 exists."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Is u-1 there?"),
     );
@@ -445,13 +329,11 @@ async fn a_worker_that_fails_once_is_retried() {
     let tools = ToolServer::start().await;
     model.push(Reply::garbage());
     model.push(Reply::text("Hello."));
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Say hello"),
     );
@@ -475,13 +357,11 @@ async fn a_worker_that_keeps_failing_fails_the_run_with_its_error() {
     for _ in 0..3 {
         model.push(Reply::status(401, "invalid api key"));
     }
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Say hello"),
     );
@@ -507,13 +387,11 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
@@ -559,13 +437,11 @@ async fn a_decision_applied_but_not_recorded_is_recorded_by_the_next_controller(
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
@@ -643,18 +519,15 @@ async fn a_malformed_run_state_fails_that_run_and_others_go_on() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "bad", "ops", "Delete u-1"),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "good", "ops", "Delete u-1"),
     );
@@ -707,11 +580,7 @@ async fn a_run_of_a_missing_agent_says_so_and_starts_when_it_appears() {
     let ns = cp.namespace("e2e-noagent").await;
     let _operator = start_operator(cp, &ns).await;
     let tools = ToolServer::start().await;
-    apply(
-        cp,
-        Identity::Admin,
-        &run_yaml(&ns.name, "r1", "later", "hi"),
-    );
+    cp.apply(Identity::Admin, &run_yaml(&ns.name, "r1", "later", "hi"));
     let pending = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Pending).await;
     let condition = pending
         .status
@@ -727,8 +596,7 @@ async fn a_run_of_a_missing_agent_says_so_and_starts_when_it_appears() {
         condition.message
     );
     let scripted = json!({"scripted": {"turns": [{"content": "hello"}]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "later", scripted, &tools),
     );
@@ -768,9 +636,9 @@ async fn at_most_once_run(idempotent: bool) -> (KeepAlive, AgentRun, ToolServer)
     // The first call hangs long enough for the test to kill its worker mid-call.
     tools.push(
         "/delete_user",
-        support::tool_server::ToolReply::Delay(
+        agentrun_testkit::tool_server::ToolReply::Delay(
             Duration::from_secs(30),
-            Box::new(support::tool_server::ToolReply::Echo),
+            Box::new(agentrun_testkit::tool_server::ToolReply::Echo),
         ),
     );
     let scripted = json!({"scripted": {"turns": [
@@ -780,9 +648,8 @@ async fn at_most_once_run(idempotent: bool) -> (KeepAlive, AgentRun, ToolServer)
     let mut agent: serde_json::Value =
         serde_json::from_str(&agent_yaml(&ns.name, "ops", scripted, &tools)).unwrap();
     agent["spec"]["tools"][0]["idempotent"] = json!(idempotent);
-    apply(cp, Identity::Admin, &agent.to_string());
-    apply(
-        cp,
+    cp.apply(Identity::Admin, &agent.to_string());
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
@@ -882,7 +749,7 @@ async fn a_run_whose_history_grows_to_5_mib_finishes() {
     }
     tools.set_reply(
         "/lookup_user",
-        support::tool_server::ToolReply::Json(json!({"page": page})),
+        agentrun_testkit::tool_server::ToolReply::Json(json!({"page": page})),
     );
     let mut turns: Vec<serde_json::Value> = (0..12)
         .map(|i| json!({"toolCalls": [{"id": format!("call_l{i}"), "name": "lookup_user", "arguments": {"user_id": "u-1"}}]}))
@@ -898,9 +765,8 @@ async fn a_run_whose_history_grows_to_5_mib_finishes() {
     ))
     .unwrap();
     agent["spec"]["maxTurns"] = json!(40);
-    apply(cp, Identity::Admin, &agent.to_string());
-    apply(
-        cp,
+    cp.apply(Identity::Admin, &agent.to_string());
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Read all pages"),
     );
@@ -963,9 +829,8 @@ async fn an_undecided_request_expires_and_the_model_is_told_approval_timed_out()
     let mut agent: serde_json::Value =
         serde_json::from_str(&agent_yaml(&ns.name, "ops", openai_model(&model), &tools)).unwrap();
     agent["spec"]["tools"][0]["approvalTimeout"] = json!("2s");
-    apply(cp, Identity::Admin, &agent.to_string());
-    apply(
-        cp,
+    cp.apply(Identity::Admin, &agent.to_string());
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
@@ -1015,23 +880,19 @@ async fn a_worker_token_cannot_write_another_runs_status() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted.clone(), &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "other", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r2", "ops", "Delete u-1"),
     );
@@ -1084,13 +945,11 @@ async fn approval_requests_stay_as_long_as_their_run_and_go_with_it() {
         {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
         {"content": "Done."}
     ]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted, &tools),
     );
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &run_yaml(&ns.name, "r1", "ops", "Delete u-1"),
     );
@@ -1147,8 +1006,7 @@ async fn agents_show_their_tools_and_whether_their_spec_is_valid() {
     let _operator = start_operator(cp, &ns).await;
     let tools = ToolServer::start().await;
     let scripted = json!({"scripted": {"turns": [{"content": "Done."}]}});
-    apply(
-        cp,
+    cp.apply(
         Identity::Admin,
         &agent_yaml(&ns.name, "ops", scripted.clone(), &tools),
     );
@@ -1156,7 +1014,7 @@ async fn agents_show_their_tools_and_whether_their_spec_is_valid() {
         serde_json::from_str(&agent_yaml(&ns.name, "broken", scripted, &tools)).unwrap();
     broken["spec"]["tools"][1]["parameters"] =
         json!({"type": "object", "properties": {"x": {"type": 12}}});
-    apply(cp, Identity::Admin, &broken.to_string());
+    cp.apply(Identity::Admin, &broken.to_string());
 
     let api: Api<agentrun::crd::Agent> =
         Api::namespaced(cp.client(Identity::Admin).await, &ns.name);

@@ -2,27 +2,17 @@
 //! reconciles; when it dies the other takes over and nothing is duplicated. Also the controller's
 //! /metrics, /healthz and /readyz endpoints.
 
-mod support;
-
 use std::time::Duration;
 
 use agentrun::controller::{self, ControllerConfig, LeaderElection, decide::Policy};
-use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
-use agentrun::dev_kubelet::{self, ClusterAccess, DevKubeletConfig};
+use agentrun::crd::{AgentRunPhase, ApprovalRequest};
+use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
+use agentrun_testkit::operator::start_dev_kubelet;
+use agentrun_testkit::runs::{pods_of, wait_for_phase_within};
+use agentrun_testkit::wait::free_port;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use kube::config::Kubeconfig;
 use serde_json::json;
-use support::cluster::{ControlPlane, Identity, assert_success};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn start(
     cp: &ControlPlane,
@@ -69,23 +59,6 @@ async fn holder(cp: &ControlPlane, ns: &str) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
-async fn wait_phase(cp: &ControlPlane, ns: &str, phase: AgentRunPhase) {
-    let runs: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let run = runs.get("r1").await.unwrap();
-        if run.status.as_ref().and_then(|s| s.phase) == Some(phase) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no {phase:?}: {:?}",
-            run.status
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -96,7 +69,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
     let cp = ControlPlane::shared().await;
     cp.install_crds().await;
     let ns = cp.namespace("ha").await;
-    let (port_a, port_b) = (free_port(), free_port());
+    let (port_a, port_b) = (free_port().unwrap().port(), free_port().unwrap().port());
     let a = start(cp, &ns.name, "controller-a", port_a).await;
     // Let a take the lease first, so the test knows which one to kill.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -109,18 +82,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
     }
     let b = start(cp, &ns.name, "controller-b", port_b).await;
 
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).unwrap();
-    let kubelet_client = cp.client(Identity::Admin).await;
-    let kubelet = tokio::spawn(dev_kubelet::run(
-        kubelet_client,
-        DevKubeletConfig {
-            agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),
-            namespace: Some(ns.name.clone()),
-            work_dir: std::env::temp_dir().join(format!("agentrun-ha-{}", ns.name)),
-            cluster: ClusterAccess::from_kubeconfig(&kubeconfig).unwrap(),
-            max_pods: 0,
-        },
-    ));
+    let kubelet = start_dev_kubelet(cp, &ns.name).await;
 
     // Both replicas are healthy and ready (the standby waits for the lease).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -171,7 +133,14 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
             "apply",
         );
     }
-    wait_phase(cp, &ns.name, AgentRunPhase::AwaitingApproval).await;
+    wait_for_phase_within(
+        cp,
+        &ns.name,
+        "r1",
+        AgentRunPhase::AwaitingApproval,
+        Duration::from_secs(60),
+    )
+    .await;
     let (_, text) = get(port_a, "/metrics").await;
     assert!(
         text.contains("agentrun_reconciles_total{result=\"ok\"}"),
@@ -205,18 +174,16 @@ async fn the_standby_takes_over_when_the_leader_dies_and_nothing_is_duplicated()
         ),
         "approve",
     );
-    wait_phase(cp, &ns.name, AgentRunPhase::Succeeded).await;
+    wait_for_phase_within(
+        cp,
+        &ns.name,
+        "r1",
+        AgentRunPhase::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(holder(cp, &ns.name).await.as_deref(), Some("controller-b"));
-    let pods: Api<Pod> = Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
-    let mut names: Vec<_> = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    names.sort();
+    let names = pods_of(cp, &ns.name).await;
     assert_eq!(names, ["r1-step-0", "r1-step-1"]);
     assert_eq!(
         requests

@@ -1,8 +1,6 @@
 //! The agent loop against a real OpenAI-compatible HTTP model server and real HTTP tools, both
 //! on loopback: halting for approval, deciding, resuming, and the failure paths.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,10 +10,10 @@ use agentrun::agent::{
 };
 use agentrun::crd::AgentSpec;
 use agentrun::state::{Approval, DEFAULT_REJECTION_MESSAGE, Rejection, RunState};
+use agentrun_testkit::model_server::{ModelServer, Reply};
+use agentrun_testkit::tool_server::{ToolReply, ToolServer};
 use futures::future::BoxFuture;
 use serde_json::{Value as Json, json};
-use support::model_server::{ModelServer, Reply};
-use support::tool_server::{ToolReply, ToolServer};
 
 const INSTRUCTIONS: &str = "You are ops-agent. Only delete users when asked.";
 const API_KEY: &str = "sk-test-secret-key-123";

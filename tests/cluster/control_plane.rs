@@ -1,9 +1,9 @@
 //! Smoke tests of the test harness: the real control plane behaves as a cluster does.
 
-mod support;
-
 use std::time::Duration;
 
+use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
+use agentrun_testkit::wait::eventually;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -12,31 +12,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use support::cluster::{ControlPlane, Identity, assert_success};
-
-/// Waits up to `timeout` for `check` to return `Some`.
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn pinned_kubernetes_version() -> String {
-    let go_mod =
-        std::fs::read_to_string(support::cluster::repo_root().join("tests/control-plane/go.mod"))
-            .expect("read go.mod");
+    let go_mod = std::fs::read_to_string(
+        agentrun_testkit::cluster::repo_root().join("tests/control-plane/go.mod"),
+    )
+    .expect("read go.mod");
     go_mod
         .lines()
         .map(str::trim)

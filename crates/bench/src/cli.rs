@@ -1,16 +1,17 @@
-//! `agentrun bench`: the operator benchmark against a local control plane (see
-//! [`crate::bench`] and `docs/benchmark.md`). Progress goes to stderr, the table to stdout.
+//! The `agentrun-bench` command: the operator benchmark against a local control plane (see
+//! [`crate`] and `docs/benchmark.md`). Progress goes to stderr, the table to stdout.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
+use clap::Parser;
 
-use crate::bench::BenchConfig;
+use crate::BenchConfig;
 
-/// Arguments of `agentrun bench`.
-#[derive(Args, Debug)]
+/// Benchmark the agentrun operator against a local control plane and print the figures.
+#[derive(Parser, Debug)]
+#[command(name = "agentrun-bench", version)]
 pub struct BenchArgs {
     /// The local control plane's folder (from `scripts/local-cluster start --dir DIR`).
     #[arg(long, value_name = "DIR")]
@@ -55,9 +56,13 @@ pub struct BenchArgs {
     /// a phase's folder is removed when it succeeds and kept when it fails.
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
-    /// The agentrun binary run as controller, dev kubelet and workers (default: this binary).
+    /// The agentrun binary run as controller and workers (default: `agentrun` beside this
+    /// binary).
     #[arg(long, value_name = "PATH")]
     pub agentrun_binary: Option<PathBuf>,
+    /// The dev kubelet binary (default: `agentrun-dev-kubelet` beside this binary).
+    #[arg(long, value_name = "PATH")]
+    pub dev_kubelet_binary: Option<PathBuf>,
     /// Worker Pods the dev kubelet runs at once, like one small node's maxPods (0: no limit).
     /// Workers run on the benchmark's own two cores; in a cluster they run on other nodes.
     #[arg(long, default_value_t = 16)]
@@ -67,10 +72,18 @@ pub struct BenchArgs {
 impl BenchArgs {
     /// The benchmark settings these arguments describe.
     pub fn config(&self) -> Result<BenchConfig, String> {
+        let beside_this = |name: &str| -> Result<PathBuf, String> {
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find {name} beside this binary: {e}"))?;
+            Ok(exe.with_file_name(name))
+        };
         let agentrun_binary = match &self.agentrun_binary {
             Some(path) => path.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| format!("cannot find this binary (pass --agentrun-binary): {e}"))?,
+            None => beside_this("agentrun")?,
+        };
+        let dev_kubelet_binary = match &self.dev_kubelet_binary {
+            Some(path) => path.clone(),
+            None => beside_this("agentrun-dev-kubelet")?,
         };
         Ok(BenchConfig {
             cluster_dir: self.cluster_dir.clone(),
@@ -79,6 +92,7 @@ impl BenchArgs {
             idle_state_kib: self.idle_state_kib,
             crds_dir: (!self.skip_crds).then(|| self.crds.clone()),
             agentrun_binary,
+            dev_kubelet_binary,
             concurrency: self.concurrency,
             baseline_samples: self.baseline_samples,
             baseline_interval: Duration::from_millis(self.baseline_interval_ms),
@@ -100,7 +114,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
     let config = match args.config() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("agentrun bench: {e}");
+            eprintln!("agentrun-bench: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -110,25 +124,25 @@ pub fn main(args: BenchArgs) -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("agentrun bench: cannot start the async runtime: {e}");
+            eprintln!("agentrun-bench: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     runtime.block_on(async move {
         tokio::select! {
-            result = crate::bench::run(&config) => match result {
+            result = crate::run(&config) => match result {
                 Ok(report) => {
                     print!("{}", report.render());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("agentrun bench: {e}");
+                    eprintln!("agentrun-bench: {e}");
                     ExitCode::FAILURE
                 }
             },
             _ = tokio::signal::ctrl_c() => {
                 eprintln!(
-                    "agentrun bench: interrupted; namespaces labelled agentrun.dev/bench=true may be left (kubectl delete ns -l agentrun.dev/bench=true)"
+                    "agentrun-bench: interrupted; namespaces labelled agentrun.dev/bench=true may be left (kubectl delete ns -l agentrun.dev/bench=true)"
                 );
                 ExitCode::from(130)
             }

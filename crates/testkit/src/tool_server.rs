@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +16,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use tokio_util::task::AbortOnDropHandle;
+
+pub use crate::recorded::RecordedRequest as ToolRequest;
+use crate::recorded::{RecordedRequest, lock};
 
 /// How the tool server answers one call.
 #[derive(Clone, Debug)]
@@ -47,49 +51,11 @@ impl ToolReply {
     }
 }
 
-/// One call the tool server received.
-#[derive(Clone, Debug)]
-pub struct ToolRequest {
-    /// The HTTP method.
-    pub method: String,
-    /// The path, e.g. `/delete_user`.
-    pub path: String,
-    /// The request headers (names lowercase), in order.
-    pub headers: Vec<(String, String)>,
-    /// The raw body.
-    pub body: String,
-}
-
-impl ToolRequest {
-    /// The first header with this name (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The `Idempotency-Key` header.
-    pub fn idempotency_key(&self) -> Option<&str> {
-        self.header("idempotency-key")
-    }
-
-    /// The body parsed as JSON (`Null` when it is not JSON).
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
-    }
-}
-
 #[derive(Default)]
 struct Shared {
     standing: Mutex<HashMap<String, ToolReply>>,
     queued: Mutex<HashMap<String, VecDeque<ToolReply>>>,
     requests: Mutex<Vec<ToolRequest>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn normalize(path: &str) -> String {
@@ -100,22 +66,31 @@ fn normalize(path: &str) -> String {
 pub struct ToolServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl ToolServer {
     /// Starts the server on 127.0.0.1 with a free port. Needs a tokio runtime.
     pub async fn start() -> ToolServer {
+        Self::try_start()
+            .await
+            .expect("start the tool server on 127.0.0.1")
+    }
+
+    /// [`ToolServer::start`], returning the error when no port can be bound.
+    pub async fn try_start() -> std::io::Result<ToolServer> {
         let shared = Arc::new(Shared::default());
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the tool server to 127.0.0.1:0");
-        let addr = listener.local_addr().expect("tool server address");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        ToolServer { addr, shared, task }
+        Ok(ToolServer {
+            addr,
+            shared,
+            _task: AbortOnDropHandle::new(task),
+        })
     }
 
     /// The URL of a tool path, e.g. `url("delete_user")` → `http://127.0.0.1:PORT/delete_user`.
@@ -157,6 +132,11 @@ impl ToolServer {
             .collect()
     }
 
+    /// How many calls were received so far.
+    pub fn request_count(&self) -> usize {
+        lock(&self.shared.requests).len()
+    }
+
     /// How many calls carried this `Idempotency-Key`.
     pub fn calls_with_key(&self, key: &str) -> usize {
         lock(&self.shared.requests)
@@ -177,12 +157,6 @@ impl ToolServer {
     }
 }
 
-impl Drop for ToolServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
@@ -191,20 +165,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
-    let request = ToolRequest {
-        method: method.to_string(),
-        path: path.clone(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect(),
-        body: String::from_utf8_lossy(&body).into_owned(),
-    };
+    let request = RecordedRequest::new(&method, path.clone(), &headers, &body);
     let arguments = request.json();
     lock(&shared.requests).push(request);
     let queued = lock(&shared.queued)

@@ -3,20 +3,21 @@
 //! real HTTP tool server, and every plugin command runs as the built binary with an identity's own
 //! kubeconfig, like a person at a terminal.
 
-mod support;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
-use kube::api::{Api, ListParams};
+use agentrun::crd::{AgentRunPhase, ApprovalRequest};
+use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
+use agentrun_testkit::operator::Operator;
+use agentrun_testkit::runs::{
+    agent_yaml, approvers_role, requests_of, run_yaml, scripted_model, wait_for_phase,
+};
+use agentrun_testkit::tool_server::ToolServer;
+use kube::api::Api;
 use serde_json::{Value, json};
-use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
-use support::operator::Operator;
-use support::tool_server::ToolServer;
 
 async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
-    let operator = support::operator::start_operator(cp, ns).await;
+    let operator = agentrun_testkit::operator::start_operator(cp, ns).await;
     grant_roles(cp, &ns.name);
     operator
 }
@@ -25,27 +26,8 @@ async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
 /// namespace; carol (a requester) may create runs, so that no approver decides on a run of their
 /// own.
 fn grant_roles(cp: &ControlPlane, ns: &str) {
-    let yaml = format!(
+    let requesters = format!(
         r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: approvers, namespace: {ns}}}
-rules:
-- apiGroups: [agentrun.dev]
-  resources: [approvalrequests]
-  verbs: [get, list, watch, patch]
-- apiGroups: [agentrun.dev]
-  resources: [agentruns]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: approvers, namespace: {ns}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: approvers}}
-subjects:
-- {{kind: Group, name: "agentrun:approvers"}}
-- {{kind: Group, name: "agentrun:gitops"}}
----
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: requesters, namespace: {ns}}}
@@ -61,17 +43,8 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: requesters}}
 subjects: [{{kind: Group, name: "agentrun:requesters"}}]
 "#
     );
-    assert_success(
-        &cp.kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&yaml)),
-        "grant roles",
-    );
-}
-
-fn apply(cp: &ControlPlane, identity: Identity, yaml: &str) {
-    assert_success(
-        &cp.kubectl_with_stdin(identity, &["apply", "-f", "-"], Some(yaml)),
-        "kubectl apply",
-    );
+    let approvers = approvers_role(ns, &["agentrun:approvers", "agentrun:gitops"]);
+    cp.apply(Identity::Admin, &format!("{approvers}---{requesters}"));
 }
 
 /// Creates a run as `identity`. Right after `crds/` is installed the API server may refuse it for
@@ -94,39 +67,6 @@ async fn create_run(cp: &ControlPlane, identity: Identity, yaml: &str) {
     }
 }
 
-/// An Agent with the scripted model: `delete_user` needs approval, `lookup_user` does not.
-fn agent_yaml(ns: &str, turns: Value, tools: &ToolServer) -> String {
-    serde_json::to_string(&json!({
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "Agent",
-        "metadata": {"name": "ops", "namespace": ns},
-        "spec": {
-            "instructions": "You are an operations agent. Be careful.",
-            "model": {"scripted": {"turns": turns}},
-            "maxTurns": 10,
-            "tools": [
-                {"name": "delete_user", "description": "Delete a user", "requiresApproval": true,
-                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]},
-                 "http": {"url": tools.url("/delete_user"), "timeoutSeconds": 10}},
-                {"name": "lookup_user", "description": "Look a user up", "requiresApproval": false,
-                 "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}},
-                 "http": {"url": tools.url("/lookup_user"), "timeoutSeconds": 10}}
-            ]
-        }
-    }))
-    .unwrap()
-}
-
-fn run_yaml(ns: &str, name: &str, input: &str) -> String {
-    serde_json::to_string(&json!({
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"agentRef": {"name": "ops"}, "input": input}
-    }))
-    .unwrap()
-}
-
 /// Starts the operator, creates the agent (as admin) and the run `r1` (as carol), and waits for
 /// the run's first halt. Returns the namespace, the operator, the tool server and the
 /// ApprovalRequests of the halt.
@@ -139,46 +79,14 @@ async fn halted_run(
     let ns = cp.namespace(prefix).await;
     let operator = start_operator(cp, &ns).await;
     let tools = ToolServer::start().await;
-    apply(cp, Identity::Admin, &agent_yaml(&ns.name, turns, &tools));
-    create_run(cp, Identity::Carol, &run_yaml(&ns.name, "r1", input)).await;
+    cp.apply(
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted_model(turns), &tools),
+    );
+    create_run(cp, Identity::Carol, &run_yaml(&ns.name, "r1", "ops", input)).await;
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
     let requests = requests_of(cp, &ns.name, "r1").await;
     (ns, operator, tools, requests)
-}
-
-async fn wait_for_phase(cp: &ControlPlane, ns: &str, run: &str, phase: AgentRunPhase) -> AgentRun {
-    let api: Api<AgentRun> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let current = api.get(run).await.expect("get run");
-        let status = current.status.clone().unwrap_or_default();
-        if status.phase == Some(phase) {
-            return current;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let out = cp.kubectl(
-                Identity::Admin,
-                &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
-            );
-            panic!(
-                "run {run} did not reach {phase:?}; status: {}\nevents:\n{}",
-                serde_json::to_string_pretty(&status).unwrap(),
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn requests_of(cp: &ControlPlane, ns: &str, run: &str) -> Vec<ApprovalRequest> {
-    let api: Api<ApprovalRequest> = Api::namespaced(cp.client(Identity::Admin).await, ns);
-    let mut list = api
-        .list(&ListParams::default().labels(&format!("agentrun.dev/run={run}")))
-        .await
-        .unwrap()
-        .items;
-    list.sort_by(|a, b| a.spec.tool_call_id.cmp(&b.spec.tool_call_id));
-    list
 }
 
 async fn request(cp: &ControlPlane, ns: &str, name: &str) -> ApprovalRequest {

@@ -5,8 +5,6 @@
 //! their immutability, and the aggregated roles. For each rule, the refused case and the allowed
 //! case.
 
-mod support;
-
 use std::process::Output;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -19,61 +17,20 @@ use agentrun::crd::policy::{
 use agentrun::crd::{
     AgentRunRef, ApprovalRequest, ApprovalRequestSpec, Decision, arguments_digest,
 };
+use agentrun_testkit::cluster::{
+    ControlPlane, Identity, TestNamespace, assert_refused, assert_success, stderr, stdout,
+};
+use agentrun_testkit::wait::eventually;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
 
 /// The arguments of every request in these tests.
 const ARGUMENTS: &str = r#"{"host": "web-1", "replicas": 3}"#;
 
 /// What alice is told when she records someone else as the approver.
 const ALICE_NOT_BOB: &str = "approverId must be your own username (alice@example.com); only members of agentrun:gitops may record another approver, with the agentrun.dev/gitops-commit annotation naming the commit";
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Asserts that kubectl failed and that its error names every `needle`.
-#[track_caller]
-fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "{what} was accepted but must be refused:\nstdout: {}\nstderr: {err}",
-        stdout(out)
-    );
-    for needle in needles {
-        assert!(
-            err.contains(needle),
-            "{what}: the error does not say `{needle}`:\n{err}"
-        );
-    }
-}
-
-/// Waits until `check` gives a value, polling every 200 ms.
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 static POLICIES_READY: OnceLock<()> = OnceLock::new();
 

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +16,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use tokio_util::task::AbortOnDropHandle;
+
+pub use crate::recorded::RecordedRequest;
+use crate::recorded::lock;
 
 /// One scripted reply of the model server.
 #[derive(Clone, Debug)]
@@ -115,59 +119,17 @@ pub fn assistant_tool_calls(calls: &[(&str, &str, serde_json::Value)]) -> serde_
     serde_json::json!({"role": "assistant", "content": null, "tool_calls": calls})
 }
 
-/// One request the server received.
-#[derive(Clone, Debug)]
-pub struct RecordedRequest {
-    /// The HTTP method.
-    pub method: String,
-    /// The request path (and query).
-    pub path: String,
-    /// The request headers (names lowercase), in order.
-    pub headers: Vec<(String, String)>,
-    /// The raw body.
-    pub body: String,
-}
-
-impl RecordedRequest {
-    /// The first header with this name (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body parsed as JSON (`Null` when it is not JSON).
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
-    }
-
-    /// The `messages` of a chat-completions request.
-    pub fn messages(&self) -> Vec<serde_json::Value> {
-        self.json()
-            .get("messages")
-            .and_then(|m| m.as_array())
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
 #[derive(Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<RecordedRequest>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The running server; it stops when dropped.
 pub struct ModelServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl ModelServer {
@@ -182,7 +144,11 @@ impl ModelServer {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        ModelServer { addr, shared, task }
+        ModelServer {
+            addr,
+            shared,
+            _task: AbortOnDropHandle::new(task),
+        }
     }
 
     /// The base URL to put in `model.baseUrl` (`http://127.0.0.1:PORT/v1`).
@@ -217,12 +183,6 @@ impl ModelServer {
     }
 }
 
-impl Drop for ModelServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
@@ -230,20 +190,12 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    lock(&shared.requests).push(RecordedRequest {
-        method: method.to_string(),
-        path: uri.to_string(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect(),
-        body: String::from_utf8_lossy(&body).into_owned(),
-    });
+    lock(&shared.requests).push(RecordedRequest::new(
+        &method,
+        uri.to_string(),
+        &headers,
+        &body,
+    ));
     if method != Method::POST || uri.path() != "/v1/chat/completions" {
         return (
             StatusCode::NOT_FOUND,

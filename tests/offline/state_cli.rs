@@ -241,3 +241,29 @@ fn show_summarizes_the_state() {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }
+
+/// Once the run resumes, its decided calls leave `deferred_tool_requests`; `show` still names
+/// their tool, from the assistant message that made the call.
+#[test]
+fn show_names_the_tool_of_a_call_decided_before_the_run_resumed() {
+    let mut state = halted();
+    state
+        .approve(
+            "call_1",
+            agentrun::state::Approval::new()
+                .approver_id("alice@example.com")
+                .reason("authorized per change CR-1234")
+                .at(chrono::DateTime::from_timestamp(1_796_239_825, 0).unwrap()),
+        )
+        .unwrap();
+    state.deferred_tool_requests.approvals.clear();
+    let out = agentrun(&["state", "show"], state.to_json().as_bytes());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let needle = "call_1  delete_user  approved  (by alice@example.com at 2026-12-02T19:30:25+00:00, reason: authorized per change CR-1234)";
+    assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    assert!(
+        !text.contains("  ?  "),
+        "a decided call without its tool in:\n{text}"
+    );
+}

@@ -1,0 +1,123 @@
+//! [`run`]: the benchmark's phases in order, against a control plane.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use agentrun_testkit::tool_server::{ToolReply, ToolServer};
+use agentrun_testkit::wait::poll_until;
+use serde_json::json;
+
+use crate::cluster::{Cluster, create_namespace, remove_namespace};
+use crate::cycle::cycle;
+use crate::error::io_error;
+use crate::idle::idle;
+use crate::objects::TOOL_PATH;
+use crate::{BenchConfig, BenchError, BenchReport};
+
+/// Progress lines on stderr, stamped with the time since the start.
+pub(crate) struct Progress {
+    start: Instant,
+}
+
+impl Progress {
+    pub(crate) fn say(&self, message: impl std::fmt::Display) {
+        eprintln!(
+            "[bench +{:>6.1}s] {message}",
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Runs the benchmark: each approval cycle, then the idle measurement.
+pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
+    config.validate()?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let progress = Progress {
+        start: Instant::now(),
+    };
+    let cluster = Cluster::connect(&config.cluster_dir).await?;
+    progress.say(format!("control plane {}", cluster.env.api_url));
+    if let Some(dir) = &config.crds_dir {
+        progress.say(format!(
+            "installing the CRDs, policies and roles from {}",
+            dir.display()
+        ));
+        cluster.install_crds(dir).await?;
+    }
+    std::fs::create_dir_all(&config.work_dir)
+        .map_err(io_error(format!("creating {}", config.work_dir.display())))?;
+    let tools = ToolServer::try_start()
+        .await
+        .map_err(io_error("starting the tool server on 127.0.0.1"))?;
+    tools.set_reply(
+        TOOL_PATH,
+        ToolReply::Json(json!({"ok": true, "applied": true})),
+    );
+    let mut report = BenchReport {
+        kubelet_max_pods: config.kubelet_max_pods,
+        ..Default::default()
+    };
+    for &n in config.runs.iter().filter(|&&n| n > 0) {
+        let ns = create_namespace(&cluster, config, &format!("bench-{n}")).await?;
+        progress.say(format!("N={n}: namespace {}", ns.name));
+        let result = cycle(config, &cluster, &tools, &progress, &ns, n).await;
+        remove_namespace(&cluster, config, &ns.name, &progress).await;
+        match result {
+            Ok(cycle) => {
+                let _ = std::fs::remove_dir_all(&ns.dir);
+                report.cycles.push(cycle);
+            }
+            Err(e) => {
+                progress.say(format!("N={n}: logs kept in {}", ns.dir.display()));
+                return Err(e);
+            }
+        }
+    }
+    if config.idle_runs > 0 {
+        let ns = create_namespace(&cluster, config, "bench-idle").await?;
+        progress.say(format!("idle: namespace {}", ns.name));
+        let result = idle(config, &cluster, &tools, &progress, &ns).await;
+        remove_namespace(&cluster, config, &ns.name, &progress).await;
+        match result {
+            Ok(idle) => {
+                let _ = std::fs::remove_dir_all(&ns.dir);
+                report.idle = Some(idle);
+            }
+            Err(e) => {
+                progress.say(format!("idle: logs kept in {}", ns.dir.display()));
+                return Err(e);
+            }
+        }
+    }
+    // The work folder is empty once every phase succeeded.
+    let _ = std::fs::remove_dir(&config.work_dir);
+    Ok(report)
+}
+
+/// Waits up to `timeout` for `check` to report nothing left to wait for (`None`); it reports the
+/// progress so far otherwise (`Some`), which a timeout error then names.
+pub(crate) async fn wait_for<F>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<(), BenchError>
+where
+    F: FnMut() -> Result<Option<String>, BenchError>,
+{
+    let waited = poll_until(timeout, Duration::from_millis(100), || {
+        let step = match check() {
+            Ok(None) => ControlFlow::Break(Ok(())),
+            Ok(Some(progress)) => ControlFlow::Continue(progress),
+            Err(e) => ControlFlow::Break(Err(e)),
+        };
+        std::future::ready(step)
+    })
+    .await;
+    waited.unwrap_or_else(|progress| {
+        Err(BenchError::Timeout {
+            what: what.to_owned(),
+            seconds: timeout.as_secs(),
+            progress,
+        })
+    })
+}

@@ -1,0 +1,93 @@
+//! The operator of one test: the controller and the dev kubelet running in the test process,
+//! scoped to the test's namespace, stopped when dropped.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentrun::controller::{self, ControllerConfig, decide::Policy};
+use agentrun_dev_kubelet::{ClusterAccess, DevKubeletConfig};
+use kube::config::Kubeconfig;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::cluster::{ControlPlane, Identity, TestNamespace};
+
+/// The controller and dev kubelet of one test; both stop when this drops.
+pub struct Operator {
+    /// The controller task (tests abort and replace it to simulate a crash).
+    pub controller: AbortOnDropHandle<()>,
+    /// The dev kubelet task.
+    pub kubelet: AbortOnDropHandle<()>,
+}
+
+/// Fast retries and rechecks for tests.
+pub fn test_policy() -> Policy {
+    Policy {
+        max_retries: 2,
+        retry_backoff: Duration::from_millis(200),
+        recheck: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
+
+/// The `agentrun` binary of the build running this test: the one cargo built beside the test
+/// binary (`target/<profile>/agentrun`; test binaries are in `target/<profile>/deps`). Worker
+/// Pods run it.
+pub fn agentrun_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_agentrun") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .ancestors()
+        .nth(2)
+        .expect("the test binary is in target/<profile>/deps")
+        .join("agentrun");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first (cargo build --bin agentrun)",
+        path.display()
+    );
+    path
+}
+
+/// Starts a controller (as admin) watching `ns`.
+pub async fn start_controller(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle<()> {
+    let client = cp.client(Identity::Admin).await;
+    let config = ControllerConfig {
+        namespace: Some(ns.to_owned()),
+        policy: test_policy(),
+        ..Default::default()
+    };
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        controller::run(client, config).await.expect("controller");
+    }))
+}
+
+/// Starts the dev kubelet (as admin) for the worker Pods of `ns`; they run [`agentrun_binary`] in
+/// folders under the system temp dir.
+pub async fn start_dev_kubelet(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle<()> {
+    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).expect("kubeconfig");
+    let config = DevKubeletConfig {
+        agentrun_binary: agentrun_binary(),
+        namespace: Some(ns.to_owned()),
+        work_dir: std::env::temp_dir().join(format!("agentrun-test-{ns}")),
+        cluster: ClusterAccess::from_kubeconfig(&kubeconfig).expect("cluster access"),
+        max_pods: 0,
+    };
+    let client = cp.client(Identity::Admin).await;
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        if let Err(error) = agentrun_dev_kubelet::run(client, config).await {
+            eprintln!("dev kubelet: {error}");
+        }
+    }))
+}
+
+/// Installs the CRDs and policies, then starts the controller and the dev kubelet for `ns`.
+pub async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    cp.install_crds().await;
+    Operator {
+        controller: start_controller(cp, &ns.name).await,
+        kubelet: start_dev_kubelet(cp, &ns.name).await,
+    }
+}

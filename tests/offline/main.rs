@@ -1,0 +1,9 @@
+//! The integration tests that need no control plane: the RunState contract and its wire
+//! compatibility with Python, the agent loop against loopback model and tool servers, the
+//! `agentrun state` and `agentrun run` commands, and the generated CRDs and policies.
+
+mod agent_loop;
+mod crd_generated;
+mod state_cli;
+mod state_contract;
+mod state_python_vectors;

@@ -18,9 +18,10 @@ use tracing::{info, warn};
 use crate::agent::{ApiKey, HookError, RunHooks, RunStatus, Runner, ToolCallGate, ToolCallStart};
 use crate::chunk_store;
 use crate::crd::keys::field_managers;
+use crate::crd::names::approval_request_name;
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::stored_state::{StoredState, StoredStateError};
-use crate::crd::{Agent, AgentRun, ToolCallRecord};
+use crate::crd::{Agent, AgentRun, ApprovalRequest, ToolCallRecord};
 use crate::state::RunState;
 
 /// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
@@ -131,7 +132,9 @@ pub async fn run_step(
     };
     let hooks = Arc::new(StartRecorder {
         runs: runs.clone(),
+        requests: Api::namespaced(client.clone(), namespace),
         name: name.to_owned(),
+        uid: run.uid().unwrap_or_default(),
         step,
         records: Mutex::new(status.tool_calls.clone()),
     });
@@ -218,14 +221,46 @@ pub const UNKNOWN_OUTCOME_MESSAGE: &str = "The outcome of this tool call is unkn
 /// already recorded by an earlier worker of the run was sent before a crash: it is re-sent with the
 /// same Idempotency-Key when the tool is idempotent (and counted in `resent`), and otherwise not
 /// sent at all: the model is told its outcome is unknown and the record says `Unknown`.
+///
+/// An approved call is sent with the signed approval assertion the controller stored in its
+/// ApprovalRequest's `status.assertion`, when there is one.
 struct StartRecorder {
     runs: Api<AgentRun>,
+    requests: Api<ApprovalRequest>,
     name: String,
+    uid: String,
     step: u32,
     records: Mutex<Vec<ToolCallRecord>>,
 }
 
 impl StartRecorder {
+    /// The approval assertion of the call `tool_call_id` of this run, if the controller issued
+    /// one. A request of another run (a new run of the same name) or call is never used.
+    async fn assertion(&self, tool_call_id: &str) -> Result<Option<String>, HookError> {
+        let name = approval_request_name(&self.name, tool_call_id);
+        let request = match self.requests.get_opt(&name).await {
+            Ok(request) => request,
+            // A Role made before workers read requests: the call goes without an assertion.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                warn!(request = %name, "cannot read the ApprovalRequest: the call is sent without an approval assertion");
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(HookError::new(format!(
+                    "reading ApprovalRequest {name} for its approval assertion: {e}"
+                )));
+            }
+        };
+        let assertion = request
+            .filter(|r| r.spec.agent_run_ref.uid == self.uid && r.spec.tool_call_id == tool_call_id)
+            .and_then(|r| r.status)
+            .and_then(|s| s.assertion);
+        if assertion.is_none() {
+            info!(request = %name, "no approval assertion for this call: sent without one");
+        }
+        Ok(assertion)
+    }
+
     async fn save(&self, records: &[ToolCallRecord]) -> Result<(), HookError> {
         let params = PatchParams {
             field_manager: Some(field_managers::WORKER.into()),
@@ -249,6 +284,12 @@ impl RunHooks for StartRecorder {
         call: ToolCallStart<'a>,
     ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
         Box::pin(async move {
+            // Read before the start is recorded: a failed read sends nothing and records nothing.
+            let assertion = if call.requires_approval {
+                self.assertion(call.tool_call_id).await?
+            } else {
+                None
+            };
             let mut records = self.records.lock().await;
             let gate = match records
                 .iter_mut()
@@ -285,7 +326,12 @@ impl RunHooks for StartRecorder {
                 }
             };
             self.save(&records).await?;
-            Ok(gate)
+            Ok(match (gate, assertion) {
+                (ToolCallGate::Send, Some(assertion)) => {
+                    ToolCallGate::SendWithAssertion { assertion }
+                }
+                (gate, _) => gate,
+            })
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Pure builders of the objects the controller creates for a run: the worker Pod of a step, and the per-run service
 //! account with the narrowest rights a worker needs (read its run and Agent and the Secret the
-//! Agent names; patch only its own run's status).
+//! Agent names, read ApprovalRequests; patch only its own run's status).
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
@@ -203,6 +203,14 @@ pub fn worker_identity(run: &AgentRun, agent: &Agent) -> (ServiceAccount, Role, 
             ..Default::default()
         },
     ];
+    // Before it sends an approved call, the worker reads the call's ApprovalRequest for the signed
+    // approval assertion (request names derive from call ids the model picks: not known here).
+    rules.push(PolicyRule {
+        api_groups: Some(vec![crate::crd::GROUP.into()]),
+        resources: Some(vec!["approvalrequests".into()]),
+        verbs: vec!["get".into()],
+        ..Default::default()
+    });
     // States too large for the status are offloaded to ConfigMaps named after their digest, so
     // the worker creates and reads ConfigMaps (names cannot be known when this Role is made).
     rules.push(PolicyRule {
@@ -331,11 +339,15 @@ mod tests {
                 Some(vec!["r1".into()]),
                 Some(vec!["ops".into()]),
                 None,
+                None,
                 Some(vec!["openai".into()])
             ]
         );
-        // The only unnamed rule: offloaded state chunks, created and read, never listed.
-        assert_eq!(rules[3].verbs, ["get", "create"]);
+        // The unnamed rules: ApprovalRequests read one by one (for the approval assertions), and
+        // offloaded state chunks, created and read; never listed.
+        assert_eq!(rules[3].resources.as_ref().unwrap(), &["approvalrequests"]);
+        assert_eq!(rules[3].verbs, ["get"]);
+        assert_eq!(rules[4].verbs, ["get", "create"]);
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
     }

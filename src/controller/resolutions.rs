@@ -5,7 +5,9 @@
 use chrono::{DateTime, Utc};
 use kube::{Resource, ResourceExt};
 
+use super::assertions;
 use super::observe::Observed;
+use super::signing::Issuer;
 use crate::crd::keys::{annotations, field_managers};
 use crate::crd::policy::DecidedBy;
 use crate::crd::status_patch::ApprovalRequestStatusPatch;
@@ -23,6 +25,8 @@ pub struct Resolution {
     pub decided_at: DateTime<Utc>,
     /// Who decided, as the API server verified it.
     pub identity: Option<VerifiedIdentity>,
+    /// Approved only, when the controller signs assertions: the signed approval assertion.
+    pub assertion: Option<String>,
 }
 
 impl Resolution {
@@ -32,6 +36,7 @@ impl Resolution {
             phase: Some(self.phase),
             decided_at: Some(to_k8s(self.decided_at)),
             verified_identity: self.identity.clone(),
+            assertion: self.assertion.clone(),
             ..Default::default()
         }
     }
@@ -89,8 +94,9 @@ pub fn verified_identity_or_claimed(request: &ApprovalRequest) -> Option<Verifie
 /// The resolutions to record again: requests of earlier steps of this run that a person decided
 /// but whose status still says Pending (the resume that applied them stopped before recording
 /// them; its run patch, the proof the decision was applied, came first), and that this replica
-/// has not just recorded. Everything their status needs is on the request itself.
-pub fn repairs(observed: &Observed) -> Vec<Resolution> {
+/// has not just recorded. Everything their status needs is on the request itself (and, with an
+/// `issuer`, an approval's assertion is issued now).
+pub fn repairs(observed: &Observed, issuer: Option<&Issuer>) -> Vec<Resolution> {
     let step = observed
         .run
         .status
@@ -119,6 +125,7 @@ pub fn repairs(observed: &Observed) -> Vec<Resolution> {
                 phase,
                 decided_at: decision_time(r).unwrap_or(observed.now),
                 identity: verified_identity_or_claimed(r),
+                assertion: issuer.and_then(|i| assertions::issue(i, observed, r).ok()),
             })
         })
         .collect()
@@ -139,7 +146,7 @@ mod tests {
         );
         let decided = ApprovalRequest::test_for(&halted, Some(Decision::Approved));
         o.requests = vec![decided.clone()];
-        let found = repairs(&o);
+        let found = repairs(&o, None);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].phase, ApprovalPhase::Approved);
         assert_eq!(
@@ -153,15 +160,15 @@ mod tests {
         let mut other_run = decided.clone();
         other_run.spec.agent_run_ref.uid = "uid-2".into();
         o.requests = vec![recorded, undecided, other_run];
-        assert!(repairs(&o).is_empty());
+        assert!(repairs(&o, None).is_empty());
         // Just recorded by this replica: the cache lags, nothing to repeat.
         o.requests = vec![decided.clone()];
         o.recorded.insert(decided.name_any());
-        assert!(repairs(&o).is_empty());
+        assert!(repairs(&o, None).is_empty());
         // The current step's decisions are the resume's to apply, not a repair's.
         o.recorded.clear();
         o.run.status.as_mut().unwrap().step = Some(0);
-        assert!(repairs(&o).is_empty());
+        assert!(repairs(&o, None).is_empty());
     }
 
     #[test]

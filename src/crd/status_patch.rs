@@ -119,6 +119,9 @@ pub struct ApprovalRequestStatusPatch {
     /// `verifiedIdentity`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified_identity: Option<VerifiedIdentity>,
+    /// `assertion`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assertion: Option<String>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::Planner;
 use super::{Announcement, MAX_NOTE, Plan, Step, patch_run, truncate};
 use super::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
+use crate::controller::assertions;
 use crate::controller::decide::{ResolvedDecision, ResolvedKind};
 use crate::controller::resolutions::{self, Resolution};
 use crate::crd::names::worker_pod_name;
@@ -31,6 +32,9 @@ impl Planner<'_> {
         let step = self.step() + 1;
         let mut decided_times = vec![];
         let mut announcements = vec![];
+        // Approvals with an assertion are recorded before the worker Pod exists: the worker
+        // reads the assertion from the request before it sends the call.
+        let mut asserted = vec![];
         for decision in &decisions {
             let request = self
                 .o
@@ -56,11 +60,18 @@ impl Planner<'_> {
                     return;
                 }
             };
+            let assertion = match (self.issuer, request) {
+                (Some(issuer), Some(request)) if phase == ApprovalPhase::Approved => {
+                    assertions::issue(issuer, self.o, request).ok()
+                }
+                _ => None,
+            };
             let resolution = Resolution {
                 request: decision.request.clone(),
                 phase,
                 decided_at,
                 identity: request.and_then(resolutions::verified_identity_or_claimed),
+                assertion,
             };
             // People's decisions are recorded on their requests after the next Pod exists, off
             // the path from decision to Pod (a crash in between is repaired from the request
@@ -68,6 +79,9 @@ impl Planner<'_> {
             // knows them.
             match phase {
                 _ if request.is_some_and(|r| resolution.is_recorded_on(r)) => {}
+                _ if resolution.assertion.is_some() => {
+                    asserted.push(Step::RecordResolution(resolution))
+                }
                 ApprovalPhase::Approved | ApprovalPhase::Rejected => {
                     plan.after.push(Step::RecordResolution(resolution))
                 }
@@ -117,6 +131,7 @@ impl Planner<'_> {
         // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
         plan.steps.push(patch_run(patch, run.resource_version()));
         plan.steps.extend(prune);
+        plan.steps.extend(asserted);
         plan.steps
             .push(self.create_pod(step, 0, false, decided_times));
         plan.after.extend(announcements);

@@ -17,7 +17,7 @@ fn settings() -> (Policy, WorkerSettings) {
 
 fn plan_of(o: &Observed) -> Plan {
     let (policy, worker) = settings();
-    plan(o, &policy, &worker)
+    plan(o, &policy, &worker, None)
 }
 
 fn awaiting(request: ApprovalRequest) -> Observed {
@@ -342,5 +342,89 @@ fn an_invalid_state_fails_the_run_with_a_condition_and_an_event() {
     assert!(patch.status.completed_at.is_some());
     assert!(
         matches!(&plan.steps[1], Step::Publish(e) if e.reason == EventReason::Failed && e.note.starts_with("InvalidRunState: runState"))
+    );
+}
+
+/// A request approved by alice, with the identity stamp the admission policy writes.
+fn stamped_approval() -> ApprovalRequest {
+    let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+    request.metadata.uid = Some("req-uid-1".into());
+    request.annotations_mut().insert(
+        crate::crd::keys::annotations::DECIDED_BY.into(),
+        r#"{"username":"alice@example.com","uid":"","groups":["agentrun:approvers"]}"#.into(),
+    );
+    request
+}
+
+fn issuer() -> (crate::controller::Issuer, crate::assertion::Jwks) {
+    let signer = crate::assertion::Signer::generate().unwrap();
+    let jwks = crate::assertion::Jwks::new([signer.jwk()]);
+    (
+        crate::controller::Issuer::new(signer, jwks.clone(), Duration::from_secs(600)),
+        jwks,
+    )
+}
+
+#[test]
+fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod() {
+    let (issuer, jwks) = issuer();
+    let request = stamped_approval();
+    let body = request.spec.arguments.clone();
+    let (policy, worker) = settings();
+    let planned = plan(&awaiting(request), &policy, &worker, Some(&issuer));
+    let kinds: Vec<&str> = planned
+        .steps
+        .iter()
+        .map(|s| match s {
+            Step::PatchRun(_) => "run",
+            Step::RecordResolution(_) => "resolution",
+            Step::CreatePod { .. } => "pod",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["run", "resolution", "pod"]);
+    let Step::RecordResolution(resolution) = &planned.steps[1] else {
+        unreachable!()
+    };
+    let token = resolution.status_patch().assertion.expect("an assertion");
+    let claims = crate::assertion::verify(
+        &token,
+        &jwks,
+        &crate::assertion::Expected::new("http://127.0.0.1:2/d", body.as_bytes()),
+    )
+    .unwrap();
+    assert_eq!(
+        (claims.approver.as_str(), claims.tool_call_id.as_str()),
+        ("alice@example.com", "call_1")
+    );
+    assert!(
+        planned
+            .after
+            .iter()
+            .all(|s| !matches!(s, Step::RecordResolution(_))),
+        "recorded once"
+    );
+
+    // Without a stamp there is nothing to assert: recorded after the Pod, as without signing.
+    let unstamped = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+    let planned = plan(&awaiting(unstamped), &policy, &worker, Some(&issuer));
+    assert!(matches!(&planned.after[0], Step::RecordResolution(r) if r.assertion.is_none()));
+}
+
+#[test]
+fn with_signing_a_repaired_approval_gets_its_assertion() {
+    let (issuer, _) = issuer();
+    let mut o = Observed::of(
+        AgentRun::test()
+            .in_phase(Some(AgentRunPhase::Succeeded))
+            .at_step(1),
+    );
+    o.requests = vec![stamped_approval()];
+    let (policy, worker) = settings();
+    let planned = plan(&o, &policy, &worker, Some(&issuer));
+    assert!(
+        matches!(&planned.steps[..], [Step::RecordResolution(r)] if r.assertion.is_some()),
+        "{:?}",
+        planned.steps
     );
 }

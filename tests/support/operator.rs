@@ -35,12 +35,24 @@ pub fn test_policy() -> Policy {
 
 /// Starts a controller (as admin) watching `ns`.
 pub async fn start_controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> {
-    let client = cp.client(Identity::Admin).await;
-    let config = ControllerConfig {
+    start_controller_with(cp, test_config(ns)).await
+}
+
+/// The controller settings of a test watching `ns`.
+pub fn test_config(ns: &str) -> ControllerConfig {
+    ControllerConfig {
         namespace: Some(ns.to_owned()),
         policy: test_policy(),
         ..Default::default()
-    };
+    }
+}
+
+/// Starts a controller (as admin) with `config`.
+pub async fn start_controller_with(
+    cp: &ControlPlane,
+    config: ControllerConfig,
+) -> tokio::task::JoinHandle<()> {
+    let client = cp.client(Identity::Admin).await;
     tokio::spawn(async move {
         controller::run(client, config).await.expect("controller");
     })
@@ -48,9 +60,18 @@ pub async fn start_controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinH
 
 /// Installs the CRDs and policies, then starts the controller and the dev kubelet for `ns`.
 pub async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
+    start_operator_with(cp, ns, test_config(&ns.name)).await
+}
+
+/// Like [`start_operator`], with the controller's settings.
+pub async fn start_operator_with(
+    cp: &ControlPlane,
+    ns: &TestNamespace,
+    config: ControllerConfig,
+) -> Operator {
     let _ = rustls::crypto::ring::default_provider().install_default();
     cp.install_crds().await;
-    let controller = start_controller(cp, &ns.name).await;
+    let controller = start_controller_with(cp, config).await;
     let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).expect("kubeconfig");
     let config = DevKubeletConfig {
         agentrun_binary: env!("CARGO_BIN_EXE_agentrun").into(),

@@ -394,3 +394,19 @@ fn keys_round_trip_through_pem_and_the_jwks_has_the_published_shape() {
     enc.use_ = Some("enc".into());
     assert!(Jwks::new([enc]).find(signer.kid()).is_none());
 }
+
+/// A key written by `openssl genpkey -algorithm ed25519` (PKCS#8 v1), as the rotation procedure
+/// in docs/security.md makes them, with its public key from `openssl pkey -pubout`.
+#[test]
+fn openssl_generated_keys_are_read() {
+    let pem = "-----BEGIN PRIVATE KEY-----\n\
+               MC4CAQAwBQYDK2VwBCIEIPGrbksVHYRsYhCtMdSCnU10flnQmwGfjt4PZ33EEuGE\n\
+               -----END PRIVATE KEY-----\n";
+    let signer = Signer::from_pem(pem).unwrap();
+    assert_eq!(
+        signer.jwk().x.as_deref(),
+        Some("ZFGx3Vmbo9rOxCWN5xUH8KVcR7YFuTLgf950HZ4Js44")
+    );
+    let token = signer.sign(&claims()).unwrap();
+    verify(&token, &Jwks::new([signer.jwk()]), &expected()).unwrap();
+}

@@ -25,7 +25,7 @@ enum Command {
     /// Write the CustomResourceDefinitions generated from the Rust types (crds/*.yaml).
     Crdgen(agentrun::cli::crdgen::CrdgenArgs),
     /// Run the controller (in a cluster, or against KUBECONFIG).
-    Controller(agentrun::cli::operator::ControllerArgs),
+    Controller(Box<agentrun::cli::operator::ControllerArgs>),
     /// Run one step of an AgentRun (the command of worker Pods).
     Worker(agentrun::cli::operator::WorkerArgs),
 }
@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         Command::State(cmd) => agentrun::cli::state::main(cmd),
         Command::Run(args) => agentrun::cli::run::main(args),
         Command::Crdgen(args) => agentrun::cli::crdgen::main(args),
-        Command::Controller(args) => agentrun::cli::operator::controller(args),
+        Command::Controller(args) => agentrun::cli::operator::controller(*args),
         Command::Worker(args) => agentrun::cli::operator::worker(args),
     }
 }

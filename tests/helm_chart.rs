@@ -630,6 +630,12 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "64",
             "--state-cache-mib",
             "32",
+            "--signing-key-secret",
+            "agentrun-signing-keys",
+            "--jwks-config-map",
+            "agentrun-approval-keys",
+            "--assertion-lifetime-seconds",
+            "600",
         ]
     );
     // The controller accepts exactly these arguments (args[0], "controller", stands as the name).
@@ -766,14 +772,20 @@ async fn the_deployment_runs_the_controller_as_specified() {
     );
     assert!(!args.contains(&"--leader-elect"), "{args:?}");
     assert!(
-        of_kind(&docs, "Role").is_empty(),
+        of_kind(&docs, "Role")
+            .iter()
+            .all(|r| r["metadata"]["name"] != "agentrun-controller-leader-election"),
         "no leader-election Role without leader election"
     );
     assert!(
         of_kind(&docs, "ClusterRoleBinding").is_empty(),
         "watchNamespace binds in one namespace"
     );
-    let binding = one_of_kind(&docs, "RoleBinding");
+    let bindings = of_kind(&docs, "RoleBinding");
+    let binding = bindings
+        .iter()
+        .find(|b| b["metadata"]["name"] == "agentrun-controller")
+        .expect("the controller's RoleBinding");
     assert_eq!(binding["metadata"]["namespace"], "team-a");
     assert_eq!(binding["roleRef"]["name"], "agentrun-controller");
     let monitor = one_of_kind(&docs, "ServiceMonitor");
@@ -869,6 +881,8 @@ async fn helm_install_into_a_restricted_namespace_creates_everything() {
         format!("{}/Service/{name}-metrics", ns.name),
         format!("{}/Role/{name}-controller-leader-election", ns.name),
         format!("{}/RoleBinding/{name}-controller-leader-election", ns.name),
+        format!("{}/Role/{name}-controller-signing-keys", ns.name),
+        format!("{}/RoleBinding/{name}-controller-signing-keys", ns.name),
         format!("ClusterRole/{name}-controller"),
         format!("ClusterRoleBinding/{name}-controller"),
         format!("ClusterRole/{name}-approver"),
@@ -1038,12 +1052,20 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         vec!["get", "configmaps", "-n", t],
         vec!["list", "configmaps", "-n", t],
         vec!["delete", "configmaps", "-n", t],
+        // Approval assertions: the signing keys' Secret and the JWKS ConfigMap.
+        vec!["create", "secrets", "-n", s],
+        vec!["get", "secrets/agentrun-signing-keys", "-n", s],
+        vec!["patch", "configmaps/agentrun-approval-keys", "-n", s],
     ];
     let refused: Vec<Vec<&str>> = vec![
         vec!["update", "configmaps", "-n", t],
         vec!["list", "secrets", "-n", t],
         vec!["watch", "secrets", "-n", t],
         vec!["create", "secrets", "-n", t],
+        vec!["patch", "secrets/agentrun-signing-keys", "-n", s],
+        vec!["update", "secrets/agentrun-signing-keys", "-n", s],
+        vec!["delete", "secrets/agentrun-signing-keys", "-n", s],
+        vec!["patch", "configmaps/someone-elses", "-n", s],
         vec!["create", "agentruns.agentrun.dev", "-n", t],
         vec!["delete", "agentruns.agentrun.dev", "-n", t],
         vec!["patch", "agents.agentrun.dev", "-n", t],
@@ -1217,6 +1239,8 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
             lease_duration: Duration::from_secs(15),
             grace: Duration::from_secs(5),
         }),
+        // The chart's defaults: keys made and published in the release namespace.
+        signing: Some(controller::SigningConfig::new(&release.namespace)),
         ..Default::default()
     };
     let controller = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -1367,6 +1391,24 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         "stamped by the chart's policy"
     );
     assert_eq!(tools.calls_with_key("call_1"), 1);
+    // The chart's rights sufficed to make the signing keys and publish them: the approved call
+    // carried an assertion that the JWKS served on the metrics port verifies.
+    let jwks = reqwest::get(format!("http://{metrics_addr}/.well-known/jwks.json"))
+        .await
+        .expect("the JWKS endpoint")
+        .text()
+        .await
+        .unwrap();
+    let jwks = agentrun::assertion::Jwks::from_json(&jwks).expect("a JWKS");
+    let call = &tools.requests_to("/delete_user")[0];
+    let claims = agentrun::assertion::verify(
+        call.header(agentrun::assertion::HEADER)
+            .expect("an approval assertion"),
+        &jwks,
+        &agentrun::assertion::Expected::new(&tools.url("/delete_user"), call.body.as_bytes()),
+    )
+    .expect("a valid approval assertion");
+    assert_eq!(claims.approver, "alice@example.com");
     let decided = requests.get(&request).await.unwrap();
     let stamp: Value = serde_json::from_str(
         decided

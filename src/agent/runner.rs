@@ -127,6 +127,12 @@ pub struct ToolCallStart<'a> {
 pub enum ToolCallGate {
     /// Send it.
     Send,
+    /// Send it with this signed approval assertion (in the
+    /// [`HEADER`](crate::assertion::HEADER) header), so that the tool can verify the approval.
+    SendWithAssertion {
+        /// The assertion, a compact JWS.
+        assertion: String,
+    },
     /// Do not send it; the model gets `result` as the tool's result instead (e.g. when a
     /// non-idempotent call may already have run before a crash).
     Skip {
@@ -380,6 +386,7 @@ impl Runner {
             }
         }
         let body = body_of(&arguments, &json);
+        let mut assertion = None;
         if let Some(hooks) = &self.hooks {
             let start = ToolCallStart {
                 tool_call_id: &call.id,
@@ -396,13 +403,16 @@ impl Runner {
                     tool_call_id: call.id.clone(),
                     source,
                 })?;
-            if let ToolCallGate::Skip { result } = gate {
-                return Ok(CallResult::Answer(result));
+            match gate {
+                ToolCallGate::Skip { result } => return Ok(CallResult::Answer(result)),
+                ToolCallGate::SendWithAssertion { assertion: signed } => assertion = Some(signed),
+                ToolCallGate::Send => {}
             }
         }
-        tracing::info!(tool = %call.name, tool_call_id = %call.id, "calling tool");
+        tracing::info!(tool = %call.name, tool_call_id = %call.id, asserted = assertion.is_some(), "calling tool");
         Ok(CallResult::Answer(
-            tool.call(&self.client, &call.id, body).await,
+            tool.call_with_assertion(&self.client, &call.id, body, assertion.as_deref())
+                .await,
         ))
     }
 }

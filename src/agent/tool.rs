@@ -201,14 +201,28 @@ impl Tool {
     /// POSTs the JSON `body` with `Idempotency-Key: <tool_call_id>` and returns the text the
     /// model gets: the response body, or `tool error: ...` when the tool failed.
     pub async fn call(&self, client: &reqwest::Client, tool_call_id: &str, body: String) -> String {
-        let sent = client
+        self.call_with_assertion(client, tool_call_id, body, None)
+            .await
+    }
+
+    /// Like [`Tool::call`], sending the approved call's signed approval assertion, when given, in
+    /// the [`HEADER`](crate::assertion::HEADER) header.
+    pub async fn call_with_assertion(
+        &self,
+        client: &reqwest::Client,
+        tool_call_id: &str,
+        body: String,
+        assertion: Option<&str>,
+    ) -> String {
+        let mut request = client
             .post(self.url.clone())
             .timeout(self.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("Idempotency-Key", tool_call_id)
-            .body(body)
-            .send()
-            .await;
+            .header("Idempotency-Key", tool_call_id);
+        if let Some(assertion) = assertion {
+            request = request.header(crate::assertion::HEADER, assertion);
+        }
+        let sent = request.body(body).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) => return self.transport_error(e),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use kube::Client;
 
-use crate::controller::{ControllerConfig, WorkerSettings};
+use crate::controller::{ControllerConfig, SigningConfig, WorkerSettings};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -96,6 +96,22 @@ pub struct ControllerArgs {
     /// This replica's identity in the Lease (default: the Pod name, or host and process id).
     #[arg(long, env = "POD_NAME")]
     pub leader_election_identity: Option<String>,
+    /// Do not sign approval assertions (tools that require them then refuse approved calls).
+    #[arg(long)]
+    pub no_approval_assertions: bool,
+    /// The controller's own namespace, where the signing-key Secret and the JWKS ConfigMap live.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub controller_namespace: String,
+    /// The Secret holding the Ed25519 keys that sign approval assertions (`*.pem` entries and
+    /// `current`); created with one new key when missing.
+    #[arg(long, env = "AGENTRUN_SIGNING_KEY_SECRET", default_value = crate::controller::signing::DEFAULT_SECRET)]
+    pub signing_key_secret: String,
+    /// The ConfigMap in which the public keys are published as a JWKS (key `jwks.json`).
+    #[arg(long, default_value = crate::controller::signing::DEFAULT_CONFIG_MAP)]
+    pub jwks_config_map: String,
+    /// Seconds an approval assertion stays valid after the controller issues it.
+    #[arg(long, default_value_t = crate::controller::signing::DEFAULT_LIFETIME.as_secs(), value_parser = clap::value_parser!(u64).range(30..=86_400))]
+    pub assertion_lifetime_seconds: u64,
 }
 
 /// `agentrun worker`.
@@ -162,6 +178,12 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             admission_policy_prefix: Some(args.admission_policy_prefix),
             concurrency: Some(args.concurrency),
             state_cache_bytes: Some(args.state_cache_mib << 20),
+            signing: (!args.no_approval_assertions).then(|| SigningConfig {
+                namespace: args.controller_namespace.clone(),
+                secret_name: args.signing_key_secret.clone(),
+                config_map_name: args.jwks_config_map.clone(),
+                lifetime: std::time::Duration::from_secs(args.assertion_lifetime_seconds),
+            }),
             leader_election: args
                 .leader_elect
                 .then(|| crate::controller::LeaderElection {

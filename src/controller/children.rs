@@ -333,6 +333,7 @@ mod tests {
                 Some(vec!["r1".into()]),
                 None,
                 None,
+                None,
                 Some(vec!["openai".into()])
             ]
         );

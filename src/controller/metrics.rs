@@ -1,5 +1,5 @@
 //! Prometheus metrics of the controller (text exposition format via `prometheus-client`), and the
-//! `/metrics`, `/healthz` and `/readyz` endpoints.
+//! `/metrics`, `/healthz`, `/readyz` and `/.well-known/jwks.json` endpoints.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -187,6 +187,8 @@ pub struct Probe {
     pub synced: Arc<std::sync::atomic::AtomicU8>,
     /// The caches, once the controller runs.
     pub caches: Arc<std::sync::OnceLock<(Store<AgentRun>, Store<ApprovalRequest>)>>,
+    /// The JWKS of the approval assertions' public keys, when the controller signs them.
+    pub jwks: Option<Arc<str>>,
 }
 
 async fn metrics(State(probe): State<Probe>) -> impl IntoResponse {
@@ -215,12 +217,30 @@ async fn readyz(State(probe): State<Probe>) -> impl IntoResponse {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+/// The public keys of the approval assertions (404 when the controller does not sign them).
+async fn jwks(State(probe): State<Probe>) -> impl IntoResponse {
+    match probe.jwks {
+        Some(jwks) => (
+            StatusCode::OK,
+            [
+                (axum::http::header::CONTENT_TYPE, "application/jwk-set+json"),
+                (axum::http::header::CACHE_CONTROL, "max-age=300"),
+            ],
+            jwks.to_string(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "approval assertions are not signed").into_response(),
+    }
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` and the assertions' JWKS
+/// ([`JWKS_PATH`](super::signing::JWKS_PATH)) on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, probe: Probe) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route(super::signing::JWKS_PATH, get(jwks))
         .with_state(probe);
     axum::serve(listener, app).await
 }

@@ -15,6 +15,7 @@
 //! controller that keeps each Agent's status.
 
 pub mod agent_status;
+pub mod assertions;
 pub mod children;
 pub mod decide;
 pub mod execute;
@@ -25,6 +26,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod resolutions;
 pub mod runtime;
+pub mod signing;
 pub mod state_cache;
 pub mod verify;
 
@@ -44,6 +46,7 @@ pub use decide::Policy;
 pub use plan::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
 pub use reconcile::{error_policy, reconcile};
 pub use runtime::run;
+pub use signing::{Issuer, SigningConfig};
 pub use verify::DecisionRules;
 
 /// Errors of one reconcile.
@@ -93,6 +96,9 @@ pub enum StartError {
     /// This replica lost its lease: it stops so that only the new leader reconciles.
     #[error("lost the leader lease")]
     LostLeadership,
+    /// The signing keys could not be read, made or published.
+    #[error("approval assertion keys: {0}")]
+    Signing(#[from] signing::SigningError),
     /// The metrics endpoint could not listen.
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
@@ -140,6 +146,9 @@ pub struct ControllerConfig {
     /// Bytes of small RunStates kept in memory so that applying a decision needs no read
     /// ([`state_cache::DEFAULT_BUDGET_BYTES`] when `None`; 0 disables).
     pub state_cache_bytes: Option<usize>,
+    /// Signed approval assertions: where the keys are kept and published, and how long an
+    /// assertion is valid (none issued when `None`).
+    pub signing: Option<SigningConfig>,
 }
 
 /// How many runs are reconciled at once unless configured.
@@ -159,6 +168,8 @@ pub struct Context {
     pub config: ControllerConfig,
     /// Metrics.
     pub metrics: Arc<metrics::Metrics>,
+    /// Signs approval assertions, when configured.
+    pub issuer: Option<Arc<Issuer>>,
     pods: Store<Pod>,
     requests: Store<ApprovalRequest>,
     agents: Store<Agent>,

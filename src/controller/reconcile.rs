@@ -48,7 +48,12 @@ pub async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Action, 
 async fn apply(run: &AgentRun, ctx: &Arc<Context>) -> Result<Action, ReconcileError> {
     // Held until the writes are done: it bounds how many large states are in memory.
     let (observed, _state_read) = observe(run, ctx).await?;
-    let plan = plan(&observed, &ctx.config.policy, &ctx.config.worker);
+    let plan = plan(
+        &observed,
+        &ctx.config.policy,
+        &ctx.config.worker,
+        ctx.issuer.as_deref(),
+    );
     tracing::debug!(steps = plan.steps.len(), after = plan.after.len(), requeue = ?plan.requeue, "planned");
     Ok(match execute::execute(plan, &observed.run, ctx).await? {
         Requeue::AwaitChange => Action::await_change(),

@@ -31,6 +31,8 @@ pub struct Resolution {
     pub identity: Option<VerifiedIdentity>,
     /// A GitOps decision: its commit and who applied it.
     pub gitops: Option<GitOpsDecision>,
+    /// Approved only, when the controller signs assertions: the signed approval assertion.
+    pub assertion: Option<String>,
 }
 
 impl Resolution {
@@ -48,6 +50,7 @@ impl Resolution {
             decided_at: decision.decided_at,
             identity,
             gitops,
+            assertion: None,
         }
     }
 
@@ -60,6 +63,7 @@ impl Resolution {
                 decided_at: Some(to_k8s(self.decided_at)),
                 verified_identity: self.identity.clone(),
                 gitops: self.gitops.clone(),
+                assertion: self.assertion.clone(),
                 ..Default::default()
             },
             self.resource_version.clone(),

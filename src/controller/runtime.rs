@@ -1,4 +1,5 @@
-//! The controller's runtime: the CRD check, the metrics and probe endpoints, leader election, the
+//! The controller's runtime: the CRD check, the signing keys, the metrics, probe and JWKS
+//! endpoints, leader election, the
 //! watches and caches, and the two `kube::runtime::Controller`s (runs, and Agents' status).
 
 use std::sync::Arc;
@@ -52,11 +53,18 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
             other => StartError::Kube(other),
         });
     }
+    let issuer = match &config.signing {
+        Some(signing) => Some(Arc::new(
+            super::signing::load_or_create(&client, signing).await?,
+        )),
+        None => None,
+    };
     let probe = metrics::Probe {
         metrics: Arc::default(),
         ready: Arc::default(),
         synced: Arc::default(),
         caches: Arc::default(),
+        jwks: issuer.as_ref().map(|i| Arc::from(i.jwks().to_json())),
     };
     let _server = match config.metrics_addr {
         Some(addr) => {
@@ -64,7 +72,7 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| StartError::Metrics { addr, source })?;
-            info!(%addr, "serving /metrics, /healthz and /readyz");
+            info!(%addr, "serving /metrics, /healthz, /readyz and the approval keys' JWKS");
             Some(AbortOnDropHandle::new(tokio::spawn(async move {
                 if let Err(error) = metrics::serve(listener, listener_probe).await {
                     warn!(%error, "metrics endpoint stopped");
@@ -74,7 +82,7 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
         None => None,
     };
     let Some(election) = config.leader_election.clone() else {
-        run_controllers(client, config, probe).await;
+        run_controllers(client, config, probe, issuer).await;
         return Ok(());
     };
     let manager =
@@ -109,7 +117,7 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
         }
     };
     let result = tokio::select! {
-        () = run_controllers(client, config, probe) => Ok(()),
+        () = run_controllers(client, config, probe, issuer) => Ok(()),
         () = lost => Err(StartError::LostLeadership),
     };
     // Closing the channel releases the lease for the next leader.
@@ -119,7 +127,12 @@ pub async fn run(client: Client, config: ControllerConfig) -> Result<(), StartEr
 }
 
 /// Runs the runs' controller and the Agents' status controller until a shutdown signal.
-async fn run_controllers(client: Client, config: ControllerConfig, probe: metrics::Probe) {
+async fn run_controllers(
+    client: Client,
+    config: ControllerConfig,
+    probe: metrics::Probe,
+    issuer: Option<Arc<super::Issuer>>,
+) {
     let states = Arc::new(state_cache::StateCache::new(
         config
             .state_cache_bytes
@@ -215,6 +228,7 @@ async fn run_controllers(client: Client, config: ControllerConfig, probe: metric
         client: client.clone(),
         config,
         metrics: probe.metrics.clone(),
+        issuer,
         pods: pod_reader,
         requests: request_reader,
         agents: agent_reader.clone(),

@@ -28,6 +28,9 @@ pub const MAX_IDENTITY_LENGTH: usize = 512;
 /// The longest `spec.reason` and `spec.message` the API server accepts.
 pub const MAX_DECISION_TEXT_LENGTH: usize = 4096;
 
+/// The longest `status.assertion` the API server accepts.
+pub const MAX_ASSERTION_LENGTH: usize = 16_384;
+
 /// The message of the CEL rule that makes a decision final.
 pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approverId, reason and message cannot change once decision is set";
 
@@ -247,6 +250,12 @@ pub struct ApprovalRequestStatus {
     /// and the identity that applied it. The approverId is then claimed, not verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOpsDecision>,
+    /// Approved only, when the controller signs approval assertions: the signed assertion (a
+    /// compact JWS) the worker sends to the tool in the `Agentrun-Approval` header, so that the
+    /// tool can verify the approval itself (see docs/security.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_ASSERTION_LENGTH))]
+    pub assertion: Option<String>,
     /// The latest observations of the request's state, one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions::conditions_schema")]

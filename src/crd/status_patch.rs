@@ -131,6 +131,9 @@ pub struct ApprovalRequestStatusPatch {
     /// `conditions`, the whole list.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// `assertion`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assertion: Option<String>,
 }
 
 #[cfg(test)]

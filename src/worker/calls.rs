@@ -3,7 +3,8 @@
 //! - a call that needs approval is sent only if its ApprovalRequest (read with the worker's own,
 //!   read-only rights) is recorded Approved by the controller for this run, step, call and tool,
 //!   with the digest of the exact bytes about to be sent and the definition and endpoint of the
-//!   tool about to be called; anything else refuses the call and ends the step (`TamperedState`);
+//!   tool about to be called; anything else refuses the call and ends the step (`TamperedState`).
+//!   The call carries the signed approval assertion the controller stored on the request, if any;
 //! - every call is recorded in the run's status before it is sent (at-most-once execution). A
 //!   call already recorded by an earlier worker of the run was sent before a crash: it is re-sent
 //!   with the same Idempotency-Key when the tool is idempotent (and counted in `resent`), and
@@ -75,8 +76,9 @@ impl CallGate {
             .clone()
     }
 
-    /// Checks an approved call against its ApprovalRequest.
-    async fn check_approval(&self, call: &ToolCallStart<'_>) -> Result<(), String> {
+    /// Checks an approved call against its ApprovalRequest; returns the signed approval assertion
+    /// the controller stored on it, if any.
+    async fn check_approval(&self, call: &ToolCallStart<'_>) -> Result<Option<String>, String> {
         let name = approval_request_name(&self.run, call.tool_call_id);
         let request = self
             .requests
@@ -104,7 +106,8 @@ impl CallGate {
             tool_endpoint: tool.endpoint(),
             tool_definition_digest: tool.definition_digest(),
         };
-        check_request(&request, &expected)
+        check_request(&request, &expected)?;
+        Ok(request.status.and_then(|s| s.assertion))
     }
 
     async fn record_start(&self, call: &ToolCallStart<'_>) -> Result<ToolCallGate, HookError> {
@@ -165,14 +168,23 @@ impl RunHooks for CallGate {
         call: ToolCallStart<'a>,
     ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
         Box::pin(async move {
-            if call.requires_approval
-                && let Err(why) = self.check_approval(&call).await
-            {
-                let why = format!("{}: {why}", call.tool_call_id);
-                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                return Err(HookError::new(format!("not sent: {why}")));
+            let mut assertion = None;
+            if call.requires_approval {
+                match self.check_approval(&call).await {
+                    Ok(signed) => assertion = signed,
+                    Err(why) => {
+                        let why = format!("{}: {why}", call.tool_call_id);
+                        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                        return Err(HookError::new(format!("not sent: {why}")));
+                    }
+                }
             }
-            self.record_start(&call).await
+            Ok(match (self.record_start(&call).await?, assertion) {
+                (ToolCallGate::Send, Some(assertion)) => {
+                    ToolCallGate::SendWithAssertion { assertion }
+                }
+                (gate, _) => gate,
+            })
         })
     }
 }

@@ -7,6 +7,7 @@
 //! policies), `helm_chart` (the chart's cluster-wide objects instead of `crds/`), `chaos` (it
 //! restarts kube-apiserver). The tests needing none are in `offline`.
 
+mod approval_assertions;
 mod approval_policy;
 mod control_plane;
 mod controller_ha;

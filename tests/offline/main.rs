@@ -3,6 +3,7 @@
 //! `agentrun state` and `agentrun run` commands, and the generated CRDs and policies.
 
 mod agent_loop;
+mod assertion_python;
 mod crd_generated;
 mod state_cli;
 mod state_contract;

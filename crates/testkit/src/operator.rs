@@ -50,14 +50,26 @@ pub fn agentrun_binary() -> PathBuf {
     path
 }
 
-/// Starts a controller (as admin) watching `ns`.
-pub async fn start_controller(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle<()> {
-    let client = cp.client(Identity::Admin).await;
-    let config = ControllerConfig {
+/// The controller settings of a test watching `ns`.
+pub fn test_config(ns: &str) -> ControllerConfig {
+    ControllerConfig {
         namespace: Some(ns.to_owned()),
         policy: test_policy(),
         ..Default::default()
-    };
+    }
+}
+
+/// Starts a controller (as admin) watching `ns`.
+pub async fn start_controller(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle<()> {
+    start_controller_with(cp, test_config(ns)).await
+}
+
+/// Starts a controller (as admin) with `config`.
+pub async fn start_controller_with(
+    cp: &ControlPlane,
+    config: ControllerConfig,
+) -> AbortOnDropHandle<()> {
+    let client = cp.client(Identity::Admin).await;
     AbortOnDropHandle::new(tokio::spawn(async move {
         controller::run(client, config).await.expect("controller");
     }))
@@ -84,10 +96,19 @@ pub async fn start_dev_kubelet(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle
 
 /// Installs the CRDs and policies, then starts the controller and the dev kubelet for `ns`.
 pub async fn start_operator(cp: &ControlPlane, ns: &TestNamespace) -> Operator {
+    start_operator_with(cp, ns, test_config(&ns.name)).await
+}
+
+/// Like [`start_operator`], with the controller's settings.
+pub async fn start_operator_with(
+    cp: &ControlPlane,
+    ns: &TestNamespace,
+    config: ControllerConfig,
+) -> Operator {
     let _ = rustls::crypto::ring::default_provider().install_default();
     cp.install_crds().await;
     Operator {
-        controller: start_controller(cp, &ns.name).await,
+        controller: start_controller_with(cp, config).await,
         kubelet: start_dev_kubelet(cp, &ns.name).await,
     }
 }

@@ -5,6 +5,12 @@
 //! (`{"ok": true, "tool": PATH, "arguments": BODY}`); [`ToolServer::set_reply`] sets a path's
 //! standing reply, [`ToolServer::push`] queues one-shot replies. Every request is recorded
 //! (path, headers, body), and calls are counted per `Idempotency-Key`.
+//!
+//! [`ToolServer::require_assertions`] makes a path behave like a tool that refuses calls without
+//! a valid signed approval assertion (`Agentrun-Approval` header, checked with
+//! `agentrun::assertion::verify` against the given JWKS, the path's URL and the body): a refused
+//! call gets 401, is not executed and is recorded in [`ToolServer::refused`] instead of
+//! [`ToolServer::requests`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -20,6 +26,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 pub use crate::recorded::RecordedRequest as ToolRequest;
 use crate::recorded::{RecordedRequest, lock};
+
+use agentrun::assertion::{Claims, Expected, HEADER, Jwks, verify_header};
 
 /// How the tool server answers one call.
 #[derive(Clone, Debug)]
@@ -51,11 +59,26 @@ impl ToolReply {
     }
 }
 
+/// A call refused for want of a valid approval assertion.
+#[derive(Clone, Debug)]
+pub struct RefusedCall {
+    /// The call.
+    pub request: ToolRequest,
+    /// Why ([`AssertionError::label`], e.g. `missing`, `bad_signature`).
+    pub reason: &'static str,
+    /// The error's message.
+    pub message: String,
+}
+
 #[derive(Default)]
 struct Shared {
+    addr: std::sync::OnceLock<SocketAddr>,
     standing: Mutex<HashMap<String, ToolReply>>,
     queued: Mutex<HashMap<String, VecDeque<ToolReply>>>,
     requests: Mutex<Vec<ToolRequest>>,
+    required: Mutex<HashMap<String, Jwks>>,
+    refused: Mutex<Vec<RefusedCall>>,
+    verified: Mutex<Vec<(String, Claims)>>,
 }
 
 fn normalize(path: &str) -> String {
@@ -83,6 +106,7 @@ impl ToolServer {
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let _ = shared.addr.set(addr);
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -118,7 +142,24 @@ impl ToolServer {
         self
     }
 
-    /// Every call received so far, in order.
+    /// Makes `path` refuse (401) every call without a valid approval assertion, verified with
+    /// `jwks` for the endpoint [`ToolServer::url`]`(path)` and the body received.
+    pub fn require_assertions(&self, path: &str, jwks: Jwks) -> &ToolServer {
+        lock(&self.shared.required).insert(normalize(path), jwks);
+        self
+    }
+
+    /// The calls refused for want of a valid assertion, in order.
+    pub fn refused(&self) -> Vec<RefusedCall> {
+        lock(&self.shared.refused).clone()
+    }
+
+    /// The claims of each verified assertion, with the path it was sent to, in order.
+    pub fn verified(&self) -> Vec<(String, Claims)> {
+        lock(&self.shared.verified).clone()
+    }
+
+    /// Every call received so far (and not refused), in order.
     pub fn requests(&self) -> Vec<ToolRequest> {
         lock(&self.shared.requests).clone()
     }
@@ -167,6 +208,23 @@ async fn handle(
     let path = uri.path().to_owned();
     let request = RecordedRequest::new(&method, path.clone(), &headers, &body);
     let arguments = request.json();
+    let jwks = lock(&shared.required).get(&path).cloned();
+    if let Some(jwks) = jwks {
+        let endpoint = format!("http://{}{path}", shared.addr.get().expect("address"));
+        let header = request.header(HEADER).map(str::to_owned);
+        match verify_header(header.as_deref(), &jwks, &Expected::new(&endpoint, &body)) {
+            Ok(claims) => lock(&shared.verified).push((path.clone(), claims)),
+            Err(error) => {
+                let message = error.to_string();
+                lock(&shared.refused).push(RefusedCall {
+                    request,
+                    reason: error.label(),
+                    message: message.clone(),
+                });
+                return (StatusCode::UNAUTHORIZED, message).into_response();
+            }
+        }
+    }
     lock(&shared.requests).push(request);
     let queued = lock(&shared.queued)
         .get_mut(&path)

@@ -10,6 +10,7 @@ use super::{Plan, Requeue, Step, announce, patch_run, truncate, with_condition};
 use crate::controller::children::{self, WorkerSettings};
 use crate::controller::decide::{NewRequest, Policy};
 use crate::controller::observe::Observed;
+use crate::controller::signing::Issuer;
 use crate::crd::keys::{finalizers, labels};
 use crate::crd::names::{run_label_value, worker_pod_name};
 use crate::crd::status_patch::{AgentRunStatusPatch, ApprovalRequestStatusPatch};
@@ -24,6 +25,8 @@ pub(super) struct Planner<'a> {
     pub(super) o: &'a Observed,
     pub(super) worker: &'a WorkerSettings,
     pub(super) policy: &'a Policy,
+    /// Signs the assertions of the approvals recorded (none when `None`).
+    pub(super) issuer: Option<&'a Issuer>,
 }
 
 impl Planner<'_> {

@@ -7,6 +7,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::Planner;
 use super::{Announcement, MAX_NOTE, Plan, Step, patch_run, truncate};
 use super::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
+use crate::controller::assertions;
 use crate::controller::decide::{ResolvedDecision, ResolvedKind};
 use crate::controller::resolutions::{self, Resolution};
 use crate::controller::verify::{Decider, Refusal};
@@ -31,8 +32,14 @@ impl Planner<'_> {
     ) {
         for decision in resolved.iter().filter(|d| d.new) {
             let request = self.request(&decision.request);
-            plan.steps
-                .push(Step::RecordResolution(Resolution::of(decision, request)));
+            let mut resolution = Resolution::of(decision, request);
+            // An approval carries the signed assertion the worker sends to the tool.
+            if let (Some(issuer), Some(request), ResolvedKind::Approved { .. }) =
+                (self.issuer, request, &decision.kind)
+            {
+                resolution.assertion = assertions::issue(issuer, self.o, request, decision).ok();
+            }
+            plan.steps.push(Step::RecordResolution(resolution));
         }
         for (name, refusal) in refused {
             let Some(request) = self.request(name) else {

@@ -21,6 +21,7 @@ use super::children::WorkerSettings;
 use super::decide::{self, Action, Policy};
 use super::observe::Observed;
 use super::resolutions::Resolution;
+use super::signing::Issuer;
 use crate::crd::status_patch::{AgentRunStatusPatch, ApprovalRequestStatusPatch, StatusPatch};
 use crate::crd::stored_state::StoredState;
 use crate::crd::{
@@ -138,7 +139,13 @@ fn announce(type_: EventType, reason: EventReason, note: impl Into<String>) -> S
 }
 
 /// Plans the next reconcile of a run.
-pub fn plan(observed: &Observed, policy: &Policy, worker: &WorkerSettings) -> Plan {
+/// With an `issuer`, each approval this plan records carries its signed assertion.
+pub fn plan(
+    observed: &Observed,
+    policy: &Policy,
+    worker: &WorkerSettings,
+    issuer: Option<&Issuer>,
+) -> Plan {
     let mut plan = Plan::default();
     if observed.is_terminal() {
         return plan;
@@ -174,6 +181,7 @@ pub fn plan(observed: &Observed, policy: &Policy, worker: &WorkerSettings) -> Pl
         o: observed,
         worker,
         policy,
+        issuer,
     };
     match action {
         Action::Wait => {}

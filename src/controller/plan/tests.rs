@@ -17,7 +17,7 @@ fn settings() -> (Policy, WorkerSettings) {
 
 fn plan_of(o: &Observed) -> Plan {
     let (policy, worker) = settings();
-    plan(o, &policy, &worker)
+    plan(o, &policy, &worker, None)
 }
 
 fn awaiting(request: ApprovalRequest) -> Observed {
@@ -257,7 +257,7 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
     o.agent = Some(std::sync::Arc::new(agent));
     let mut policy = Policy::default();
     policy.decisions.allow_self_approval = true;
-    match &super::plan(&o, &policy, &WorkerSettings::default()).steps[0] {
+    match &super::plan(&o, &policy, &WorkerSettings::default(), None).steps[0] {
         Step::CreateRequest {
             request, status, ..
         } => {
@@ -356,4 +356,62 @@ fn an_invalid_state_fails_the_run_with_a_condition_and_an_event() {
     assert!(
         matches!(&plan.steps[1], Step::Publish(e) if e.reason == EventReason::Failed && e.note.starts_with("InvalidRunState: runState"))
     );
+}
+
+fn issuer() -> (crate::controller::Issuer, crate::assertion::Jwks) {
+    let signer = crate::assertion::Signer::generate().unwrap();
+    let jwks = crate::assertion::Jwks::new([signer.jwk()]);
+    (
+        crate::controller::Issuer::new(signer, jwks.clone(), Duration::from_secs(600)),
+        jwks,
+    )
+}
+
+#[test]
+fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod() {
+    let (issuer, jwks) = issuer();
+    let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+    request.metadata.uid = Some("req-uid-1".into());
+    let body = request.spec.arguments.clone();
+    let (policy, worker) = settings();
+    let planned = plan(&awaiting(request), &policy, &worker, Some(&issuer));
+    let kinds: Vec<&str> = planned
+        .steps
+        .iter()
+        .map(|s| match s {
+            Step::PatchRun(_) => "run",
+            Step::RecordResolution(_) => "resolution",
+            Step::CreatePod { .. } => "pod",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["resolution", "run", "pod"]);
+    let Step::RecordResolution(resolution) = &planned.steps[0] else {
+        panic!("expected the resolution first")
+    };
+    let token = resolution
+        .status_patch()
+        .status
+        .assertion
+        .expect("an assertion");
+    let claims = crate::assertion::verify(
+        &token,
+        &jwks,
+        &crate::assertion::Expected::new("http://127.0.0.1:2/d", body.as_bytes()),
+    )
+    .unwrap();
+    assert_eq!(
+        (claims.approver.as_str(), claims.tool_call_id.as_str()),
+        ("alice@example.com", "call_1")
+    );
+
+    // A claimed approval (no stamp, applied only because the admin allows it) gets none.
+    let mut unstamped = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+    unstamped.metadata.annotations = None;
+    let mut claims_allowed = policy.clone();
+    claims_allowed.decisions.allow_unverified_decisions = true;
+    let mut o = awaiting(unstamped);
+    o.policies_installed = false;
+    let planned = plan(&o, &claims_allowed, &worker, Some(&issuer));
+    assert!(matches!(&planned.steps[0], Step::RecordResolution(r) if r.assertion.is_none()));
 }

@@ -333,7 +333,6 @@ mod tests {
                 Some(vec!["r1".into()]),
                 None,
                 None,
-                None,
                 Some(vec!["openai".into()])
             ]
         );

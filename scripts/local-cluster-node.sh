@@ -22,7 +22,9 @@
 #     containerd and the kubelet make outside the cluster folder (/run/containerd, /run/netns,
 #     /var/lib/cni, /var/log/containers), and the processes (containerd, its shims, the containers,
 #     kubelet, kube-scheduler).
-# `scripts/local-cluster host-state` prints all of that, so that a test compares it before and after.
+# `scripts/local-cluster host-state` prints all of that; the node writes it to host-state.before
+# (before it changes anything) and host-state.after (once restored) in $node_cache, and logs any
+# difference.
 
 node_name=agentrun-node
 node_bridge=agentrun0
@@ -120,6 +122,9 @@ node_lock() {
 node_journal_begin() {
   rm -rf "$node_journal.tmp"
   mkdir -p "$node_journal.tmp"
+  # The host as it is before the node (compared with host-state.after when the node stopped).
+  { echo "# cluster $dir"; host_state; } >"$node_cache/host-state.before"
+  rm -f "$node_cache/host-state.after"
   local s v
   for s in "${node_sysctls[@]}"; do
     v=$(sysctl -n "$s" 2>/dev/null) && printf '%s %s\n' "$s" "$v" >>"$node_journal.tmp/sysctls"
@@ -256,7 +261,16 @@ node_restore() {
   done < <(sort -r "$node_journal/created-paths")
 
   rm -rf "$node_journal"
-  log "node: host restored"
+  { echo "# cluster $jdir"; host_state; } >"$node_cache/host-state.after"
+  if head -n 1 "$node_cache/host-state.before" 2>/dev/null | grep -qx "# cluster $jdir"; then
+    if diff -u "$node_cache/host-state.before" "$node_cache/host-state.after" >&2; then
+      log "node: host restored (host-state before and after are the same)"
+    else
+      log "node: the host differs from before the node (diff above)"
+    fi
+  else
+    log "node: host restored"
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +386,8 @@ node_wait() { # seconds what command...
 node_start() {
   local t0 t
   t0=$(date +%s.%N)
+  # node_down runs from the EXIT trap, where run_foreground's locals are gone.
+  node_kubectl="$bin/kubectl"
   local node_dir="$dir/node"
   rm -rf "$node_dir"
   mkdir -p "$node_dir"
@@ -460,7 +476,7 @@ node_down() {
   local admin="$dir/kubeconfig/admin.kubeconfig"
   stop_named kube-scheduler
   if [ -S "$sock" ]; then
-    "$bin/kubectl" --kubeconfig "$admin" delete pods --all-namespaces \
+    "$node_kubectl" --kubeconfig "$admin" delete pods --all-namespaces \
       --field-selector "spec.nodeName=$node_name" --grace-period=2 --wait=false >/dev/null 2>&1 || true
     local deadline=$(( $(date +%s) + 60 ))
     while [ -n "$(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null)" ]; do

@@ -106,11 +106,17 @@ pub struct ToolServer {
 impl ToolServer {
     /// Starts the server on 127.0.0.1 with a free port. Needs a tokio runtime.
     pub async fn start() -> ToolServer {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// Starts the server on one of this machine's own addresses (e.g. a node's address, which
+    /// containers reach) with a free port. Needs a tokio runtime.
+    pub async fn start_on(ip: std::net::IpAddr) -> ToolServer {
         let shared = Arc::new(Shared::default());
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
-            .expect("bind the tool server to 127.0.0.1:0");
+            .unwrap_or_else(|e| panic!("bind the tool server to {ip}:0: {e}"));
         let addr = listener.local_addr().expect("tool server address");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

@@ -166,9 +166,17 @@ node_restore() {
   local sock="$node_dir/containerd/containerd.sock"
 
   # Processes: containerd's shims for our socket, then whatever still runs in the node's cgroups.
-  local pid
-  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do
-    kill -KILL "$pid" 2>/dev/null || true
+  local pid shims
+  shims=$(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null)
+  for pid in $shims; do kill -KILL "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    local left=false
+    for pid in $shims; do
+      # Gone, or a zombie waiting for its parent: either way no longer running.
+      [ -r "/proc/$pid/stat" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] && left=true
+    done
+    $left || break
+    sleep 0.1
   done
   local h f
   for _ in 1 2 3; do
@@ -525,10 +533,13 @@ host_state() {
   echo "## mounts"
   awk '{print $5, $9}' /proc/self/mountinfo | sort
   echo "## cgroups"
-  find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d 2>/dev/null | sort
+  # Top-level cgroups of every hierarchy (where the kubelet puts kubepods; deeper ones belong to
+  # whoever made their parent).
+  find /sys/fs/cgroup -mindepth 2 -maxdepth 2 -type d 2>/dev/null | sort
   echo "## paths"
   local p
   for p in "${node_host_paths[@]}"; do [ -e "$p" ] && echo "$p"; done
   echo "## processes"
-  ps -eo comm= | grep -E '^(containerd|containerd-shim|kubelet|kube-scheduler|runc|pause)' | sort | uniq -c || true
+  ps -eo stat=,comm= | awk '$1 !~ /^Z/ {print $2}' |
+    grep -E '^(containerd|containerd-shim|kubelet|kube-scheduler|runc|pause)' | sort | uniq -c || true
 }

@@ -464,7 +464,10 @@ async fn the_chart_runs_the_approval_flow_on_a_real_node() {
     assert_eq!(worker_sc["capabilities"]["drop"], json!(["ALL"]));
     let logs = kubectl(&cp, &["logs", "-n", runs, "r1-step-0"]);
     assert!(logs.contains("running step"), "kubectl logs: {logs}");
-    assert!(!logs.contains('\u{1b}'), "colour codes in the log: {logs:?}");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "colour codes in the log: {logs:?}"
+    );
 
     // alice approves with kubectl patch.
     let request = kubectl(

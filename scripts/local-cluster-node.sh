@@ -372,10 +372,12 @@ failCgroupV1: false
 failSwapOn: false
 podLogsDir: $node_dir/pod-logs
 clusterDomain: cluster.local
-# No image can be pulled here: never collect the imported ones, and never evict for disk use.
+# No image can be pulled here: never collect the imported ones. Evict (and taint the node with
+# disk-pressure) only when the disk is really full: in absolute terms, since a percentage of a large
+# thin-provisioned disk can be more than what is free.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+evictionHard: {memory.available: 100Mi, nodefs.available: 100Mi, imagefs.available: 100Mi, nodefs.inodesFree: 1%}
 serializeImagePulls: false
 YAML
 }

@@ -289,9 +289,57 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The newest modification time of the files under `dir`.
+fn newest_mtime(dir: &std::path::Path) -> std::time::SystemTime {
+    let mut newest = std::time::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let entry = entry.expect("a folder entry");
+        let meta = entry.metadata().expect("metadata");
+        let time = if meta.is_dir() {
+            newest_mtime(&entry.path())
+        } else {
+            meta.modified().expect("mtime")
+        };
+        newest = newest.max(time);
+    }
+    newest
+}
+
+/// The image archive `scripts/image` wrote, which the node imports: it must be newer than the
+/// sources, or the test would run yesterday's binaries.
+fn check_image_is_current() {
+    let root = repo_root();
+    let archive = root.join(format!(
+        "target/image/agentrun-{}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ));
+    let built = std::fs::metadata(&archive)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| {
+            panic!(
+                "no image archive at {} ({e}): run scripts/image",
+                archive.display()
+            )
+        });
+    let mut sources = newest_mtime(&root.join("src"));
+    for file in ["Cargo.toml", "Cargo.lock"] {
+        sources = sources.max(
+            std::fs::metadata(root.join(file))
+                .and_then(|m| m.modified())
+                .expect("mtime"),
+        );
+    }
+    assert!(
+        built >= sources,
+        "{} is older than the sources (src/, Cargo.toml, Cargo.lock): run scripts/image",
+        archive.display()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_runs_the_approval_flow_on_a_real_node() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    check_image_is_current();
     let started = Instant::now();
     let cp = ControlPlane::start_with_node();
     let node = read_env(&cp.dir().join("node.env"));

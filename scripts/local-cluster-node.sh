@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2154  # dir, bin, pidfile, apiserver_port, node_images: set by scripts/local-cluster
 # The real node of `scripts/local-cluster start --node` (sourced by scripts/local-cluster):
 # containerd (Debian's containerd 1.6 with runc), the CNI bridge and host-local plugins
 # (containernetworking-plugins), and a kubelet and kube-scheduler built from the same Go module as
@@ -199,9 +200,11 @@ node_restore() {
       "$node_dir"/*|/run/netns/*|/run/containerd/*|/var/lib/kubelet/*) umount -l "$m" 2>/dev/null || true ;;
     esac
   done < <(awk '{print $5}' /proc/self/mountinfo | sort | comm -13 "$node_journal/mounts" - | sort -r)
-  local ns
-  for ns in $(ls /run/netns 2>/dev/null); do
-    grep -qx "$ns" "$node_journal/netns" 2>/dev/null || ip netns delete "$ns" 2>/dev/null || rm -f "/run/netns/$ns"
+  local path ns
+  for path in /run/netns/*; do
+    [ -e "$path" ] || continue
+    ns=${path##*/}
+    grep -qx "$ns" "$node_journal/netns" 2>/dev/null || ip netns delete "$ns" 2>/dev/null || rm -f "$path"
   done
 
   # cgroups the kubelet and runc made (the hierarchies' own kubepods folders, deepest first).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A tiny HTTP tool server for examples/agent.yaml (Python 3 standard library only).
 
-    python3 examples/tool-server.py [PORT]      # default 8088, listens on 127.0.0.1
+    python3 examples/tool-server.py [PORT] [HOST]   # default 8088 on 127.0.0.1
 
 Each POST /<tool> gets the tool call's JSON arguments; the response body is the tool result the
 model sees. It prints every call with its Idempotency-Key and answers a repeated key with the
@@ -58,5 +58,6 @@ class Handler(BaseHTTPRequestHandler):
 
 if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8088
-    print(f"tool server on http://127.0.0.1:{port}", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
+    print(f"tool server on http://{host}:{port}", flush=True)
+    ThreadingHTTPServer((host, port), Handler).serve_forever()

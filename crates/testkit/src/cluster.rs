@@ -108,6 +108,27 @@ impl ControlPlane {
     }
 
     fn start() -> ControlPlane {
+        Self::start_with(&[])
+    }
+
+    /// A control plane with a real node (`scripts/local-cluster run --node`: containerd, a kubelet
+    /// and kube-scheduler, the image archives of `scripts/image` imported), owned by the caller:
+    /// [`ControlPlane::stop`] stops it and waits until the host is put back.
+    pub fn start_with_node() -> ControlPlane {
+        Self::start_with(&["--node"])
+    }
+
+    /// Stops a control plane this process started and waits until its supervisor has stopped
+    /// every process and, for a node, restored the host.
+    pub fn stop(self) {
+        if let Some(lifeline) = self._lifeline {
+            let (mut child, stdin) = lifeline.into_inner().unwrap_or_else(|e| e.into_inner());
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+
+    fn start_with(extra_args: &[&str]) -> ControlPlane {
         let dir = std::env::temp_dir().join(format!(
             "agentrun-cluster-{}-{}",
             std::process::id(),
@@ -121,6 +142,7 @@ impl ControlPlane {
             .arg("--dir")
             .arg(&dir)
             .arg("--lifeline")
+            .args(extra_args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)

@@ -102,9 +102,22 @@ impl ToolServer {
 
     /// [`ToolServer::start`], returning the error when no port can be bound.
     pub async fn try_start() -> std::io::Result<ToolServer> {
+        Self::try_start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// Starts the server on one of this machine's own addresses (e.g. a node's address, which
+    /// containers reach) with a free port. Needs a tokio runtime.
+    pub async fn start_on(ip: std::net::IpAddr) -> ToolServer {
+        Self::try_start_on(ip)
+            .await
+            .unwrap_or_else(|e| panic!("bind the tool server to {ip}:0: {e}"))
+    }
+
+    /// [`ToolServer::start_on`], returning the error when no port can be bound.
+    pub async fn try_start_on(ip: std::net::IpAddr) -> std::io::Result<ToolServer> {
         let shared = Arc::new(Shared::default());
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let _ = shared.addr.set(addr);
         let task = tokio::spawn(async move {

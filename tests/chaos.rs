@@ -274,11 +274,11 @@ async fn runs_survive_controller_kills_worker_kills_and_an_apiserver_restart() {
             .find(|r| r.tool_call_id == key)
             .and_then(|r| r.resent)
             .unwrap_or(0) as usize;
-        assert!(tools.calls_with_key(&key) >= 1, "{key} never ran");
+        assert!(tools.calls_of(&key) >= 1, "{key} never ran");
         assert!(
-            tools.calls_with_key(&key) <= 1 + resent,
+            tools.calls_of(&key) <= 1 + resent,
             "{key} was sent {} times but re-sent only {resent} times",
-            tools.calls_with_key(&key)
+            tools.calls_of(&key)
         );
         // No decision lost: the audit entry is alice's.
         let state = agentrun::chunk_store::load(&admin, &run)

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use agentrun::crd::{
     Agent, AgentRef, AgentRun, AgentRunPhase, AgentRunRef, AgentRunSpec, AgentRunStatus, AgentSpec,
-    ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus, ApprovalSettings,
-    CATEGORY, ConditionStatus, Decision, RunStateEncoding, VerifiedIdentity, WorkerOverrides,
+    ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus, CATEGORY,
+    ConditionStatus, Decision, RunStateEncoding, VerifiedIdentity, WorkerOverrides,
     approval_request_name, arguments_digest, new_condition,
 };
 use agentrun_testkit::cluster::{
@@ -136,8 +136,7 @@ fn minimal_agent_spec() -> AgentSpec {
             {"name": "restart", "requiresApproval": true, "http": {"url": "http://127.0.0.1:9/restart"}},
             {"name": "status", "http": {"url": "http://127.0.0.1:9/status"}}
         ],
-        "maxTurns": 8,
-        "approvals": {"allowSelfApproval": true}
+        "maxTurns": 8
     }))
     .expect("agent spec")
 }
@@ -271,10 +270,17 @@ async fn kubectl_explain_reads_the_field_docs() {
         );
     }
 
-    let approvals = explain("agt.spec.approvals.allowSelfApproval");
+    let out = cp.kubectl(
+        Identity::Admin,
+        &[
+            "explain",
+            "agt.spec.approvals",
+            "--api-version=agentrun.dev/v1alpha1",
+        ],
+    );
     assert!(
-        approvals.contains("Separation of duties: the person who created a run may not approve"),
-        "{approvals}"
+        !out.status.success(),
+        "separation of duties is an admin setting, not an Agent field"
     );
     let status = explain("ar.status.runStateEncoding");
     assert!(status.contains("gzip+base64"), "{status}");
@@ -287,12 +293,6 @@ async fn valid_objects_are_accepted_and_read_back() {
 
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
     let agent_spec = minimal_agent_spec();
-    assert_eq!(
-        agent_spec.approvals,
-        ApprovalSettings {
-            allow_self_approval: true
-        }
-    );
     agents
         .create(
             &PostParams::default(),

@@ -1390,7 +1390,7 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         Some("admin"),
         "stamped by the chart's policy"
     );
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
     // The chart's rights sufficed to make the signing keys and publish them: the approved call
     // carried an assertion that the JWKS served on the metrics port verifies.
     let jwks = reqwest::get(format!("http://{metrics_addr}/.well-known/jwks.json"))

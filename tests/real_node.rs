@@ -567,11 +567,7 @@ async fn the_chart_runs_the_approval_flow_on_a_real_node() {
     });
     let done = kubectl_json(&cp, &["get", "agentrun", "r1", "-n", runs]);
     assert_eq!(done["status"]["finalOutput"], "User u-7 deleted.");
-    assert_eq!(
-        tools.calls_with_key("call_1"),
-        1,
-        "the tool ran exactly once"
-    );
+    assert_eq!(tools.calls_of("call_1"), 1, "the tool ran exactly once");
     assert_eq!(tools.requests().len(), 1);
     let metrics = scrape(&cp, system, &controller_pod).await;
     assert!(

@@ -108,7 +108,7 @@ impl RunOutcome {
 /// A tool call about to be sent, as shown to [`RunHooks::before_tool_call`].
 #[derive(Clone, Copy, Debug)]
 pub struct ToolCallStart<'a> {
-    /// The call's id, also sent as the `Idempotency-Key`.
+    /// The call's id (the `Idempotency-Key` is derived from it and the run's id).
     pub tool_call_id: &'a str,
     /// The tool's name.
     pub tool_name: &'a str,
@@ -411,8 +411,13 @@ impl Runner {
         }
         tracing::info!(tool = %call.name, tool_call_id = %call.id, asserted = assertion.is_some(), "calling tool");
         Ok(CallResult::Answer(
-            tool.call_with_assertion(&self.client, &call.id, body, assertion.as_deref())
-                .await,
+            tool.call(
+                &self.client,
+                &super::tool::idempotency_key(&state.run_id, &call.id),
+                body,
+                assertion.as_deref(),
+            )
+            .await,
         ))
     }
 }

@@ -144,7 +144,8 @@ impl Tool {
         self.approval_timeout
     }
 
-    /// Whether sending the same call twice (same `Idempotency-Key`) is safe.
+    /// Whether sending the same call twice (same `Idempotency-Key`, see [`idempotency_key`]) is
+    /// safe.
     pub fn idempotent(&self) -> bool {
         self.idempotent
     }
@@ -198,19 +199,13 @@ impl Tool {
         Err(message)
     }
 
-    /// POSTs the JSON `body` with `Idempotency-Key: <tool_call_id>` and returns the text the
-    /// model gets: the response body, or `tool error: ...` when the tool failed.
-    pub async fn call(&self, client: &reqwest::Client, tool_call_id: &str, body: String) -> String {
-        self.call_with_assertion(client, tool_call_id, body, None)
-            .await
-    }
-
-    /// Like [`Tool::call`], sending the approved call's signed approval assertion, when given, in
-    /// the [`HEADER`](crate::assertion::HEADER) header.
-    pub async fn call_with_assertion(
+    /// POSTs the JSON `body` with the `Idempotency-Key` `key` (see [`idempotency_key`]) and,
+    /// when given, the approved call's signed approval assertion in the
+    /// [`HEADER`](crate::assertion::HEADER) header; returns the text the model gets as the result.
+    pub async fn call(
         &self,
         client: &reqwest::Client,
-        tool_call_id: &str,
+        key: &str,
         body: String,
         assertion: Option<&str>,
     ) -> String {
@@ -218,7 +213,7 @@ impl Tool {
             .post(self.url.clone())
             .timeout(self.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("Idempotency-Key", tool_call_id);
+            .header("Idempotency-Key", key);
         if let Some(assertion) = assertion {
             request = request.header(crate::assertion::HEADER, assertion);
         }
@@ -233,7 +228,7 @@ impl Tool {
             Err(e) => return self.transport_error(e),
         };
         if !status.is_success() {
-            tracing::warn!(tool = %self.name, tool_call_id, status = status.as_u16(), "tool returned an error status");
+            tracing::warn!(tool = %self.name, key, status = status.as_u16(), "tool returned an error status");
             return format!("tool error: HTTP {}: {}", status.as_u16(), excerpt(&bytes));
         }
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
@@ -294,6 +289,13 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
         return None;
     }
     Some(Duration::from_secs(total))
+}
+
+/// The `Idempotency-Key` of a call: `<run id>/<tool call id>`. Unique per run and call (a model
+/// may reuse its call ids across runs), and the same for every attempt of the call, so a tool that
+/// honours the header runs it once.
+pub fn idempotency_key(run_id: &str, tool_call_id: &str) -> String {
+    format!("{run_id}/{tool_call_id}")
 }
 
 #[cfg(test)]

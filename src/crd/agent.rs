@@ -69,26 +69,6 @@ pub struct AgentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_turns: Option<u32>,
-    /// Approval settings that apply to every run of this agent (separation of duties).
-    #[serde(default, skip_serializing_if = "ApprovalSettings::is_default")]
-    pub approvals: ApprovalSettings,
-}
-
-/// Approval settings of an agent.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ApprovalSettings {
-    /// Separation of duties: the person who created a run may not approve or reject that run's
-    /// approval requests unless this is true (default false).
-    #[serde(default)]
-    pub allow_self_approval: bool,
-}
-
-impl ApprovalSettings {
-    /// True when every setting has its default value (so it is left out when serialized).
-    pub fn is_default(&self) -> bool {
-        *self == ApprovalSettings::default()
-    }
 }
 
 /// Which model the agent talks to. Exactly one of `baseUrl` (with `name`) or `scripted` is set.
@@ -353,16 +333,19 @@ pub const MAX_TOOL_NAMES_LENGTH: usize = 8192;
 #[cfg(test)]
 mod tests {
     use super::AgentStatus;
-    use super::{Agent, AgentSpec, ApprovalSettings};
+    use super::{Agent, AgentSpec};
 
     #[test]
-    fn an_agent_reads_from_yaml_with_its_approval_settings() {
-        let agent: Agent = serde_yaml_ng::from_str(
-            "apiVersion: agentrun.dev/v1alpha1\nkind: Agent\nmetadata: {name: ops}\nspec:\n  instructions: be careful\n  model: {baseUrl: 'http://127.0.0.1:1/v1', name: m, apiKeySecretRef: {name: s, key: k}}\n  approvals: {allowSelfApproval: true}\n",
-        )
-        .unwrap();
-        assert!(agent.spec.approvals.allow_self_approval);
+    fn an_agent_reads_from_yaml_and_cannot_switch_separation_of_duties_off() {
+        let yaml = "apiVersion: agentrun.dev/v1alpha1\nkind: Agent\nmetadata: {name: ops}\nspec:\n  instructions: be careful\n  model: {baseUrl: 'http://127.0.0.1:1/v1', name: m, apiKeySecretRef: {name: s, key: k}}\n";
+        let agent: Agent = serde_yaml_ng::from_str(yaml).unwrap();
         assert_eq!(agent.spec.model.name.as_deref(), Some("m"));
+        // Self-approval is an admin setting of the controller, not the Agent's.
+        let with = format!("{yaml}  approvals: {{allowSelfApproval: true}}\n");
+        let err = serde_yaml_ng::from_str::<Agent>(&with)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `approvals`"), "{err}");
     }
 
     #[test]
@@ -385,14 +368,5 @@ mod tests {
             super::MAX_TOOL_NAMES_LENGTH
         );
         assert_eq!(AgentStatus::tool_names_of(&AgentSpec::default()), "");
-    }
-
-    #[test]
-    fn default_approval_settings_are_left_out() {
-        let spec = AgentSpec::default();
-        assert_eq!(spec.approvals, ApprovalSettings::default());
-        assert!(!spec.approvals.allow_self_approval);
-        let json = serde_json::to_value(&spec).unwrap();
-        assert!(json.get("approvals").is_none(), "{json}");
     }
 }

@@ -31,8 +31,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt;
 
 pub use agent::{
-    Agent, AgentSnapshot, AgentSpec, AgentStatus, ApprovalSettings, HttpTool, ModelSpec,
-    ScriptedModel, ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
+    Agent, AgentSnapshot, AgentSpec, AgentStatus, HttpTool, ModelSpec, ScriptedModel,
+    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
 };
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
@@ -510,11 +510,13 @@ mod tests {
     }
 
     #[test]
-    fn agent_has_its_approval_setting() {
+    fn no_agent_field_switches_separation_of_duties_off() {
         let s = schema_of("Agent");
-        let setting =
-            &s["properties"]["spec"]["properties"]["approvals"]["properties"]["allowSelfApproval"];
-        assert_eq!(setting["type"], "boolean");
+        assert!(
+            s["properties"]["spec"]["properties"]
+                .get("approvals")
+                .is_none()
+        );
     }
 
     #[test]

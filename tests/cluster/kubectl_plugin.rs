@@ -215,7 +215,7 @@ async fn list_show_approve_as_alice_and_audit_against_the_api_servers_log() {
     assert_eq!(requests.len(), 1, "only delete_user needs approval");
     let apr = requests[0].metadata.name.clone().unwrap();
     assert_eq!(
-        tools.calls_with_key("call_look"),
+        tools.calls_of("call_look"),
         1,
         "lookup_user ran before the halt"
     );
@@ -313,7 +313,7 @@ async fn list_show_approve_as_alice_and_audit_against_the_api_servers_log() {
     assert_eq!(decided.spec.reason.as_deref(), Some(reason));
     assert_eq!(decided.spec.message, None);
     wait_for_phase(cp, ns, "r1", AgentRunPhase::Succeeded).await;
-    assert_eq!(tools.calls_with_key("call_del"), 1);
+    assert_eq!(tools.calls_of("call_del"), 1);
 
     // A decision is final: approving or rejecting again is refused with a clear line.
     let err = plugin(
@@ -644,8 +644,8 @@ async fn dry_run_manifests_applied_server_side_resume_the_run() {
         "kubectl apply --server-side (gitops)",
     );
     wait_for_phase(cp, ns, "r1", AgentRunPhase::Succeeded).await;
-    assert_eq!(tools.calls_with_key("call_1"), 1);
-    assert_eq!(tools.calls_with_key("call_2"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
+    assert_eq!(tools.calls_of("call_2"), 1);
     let applied = request(cp, ns, &first).await;
     assert_eq!(applied.spec.reason.as_deref(), Some("merged in PR 43"));
     assert_eq!(

@@ -121,7 +121,7 @@ async fn approve_then_the_tool_runs_once_and_the_audit_holds_alice() {
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
     let status = done.status.clone().unwrap();
     assert_eq!(status.final_output.as_deref(), Some("User u-1 deleted."));
-    assert_eq!(tools.calls_with_key("call_TX_9"), 1);
+    assert_eq!(tools.calls_of("call_TX_9"), 1);
     assert_eq!(
         tools.requests_to("/delete_user")[0].json(),
         json!({"user_id": "u-1"})
@@ -280,9 +280,9 @@ async fn two_calls_in_one_halt_then_a_second_halt() {
         approve,
     );
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
-    assert_eq!(tools.calls_with_key("call_a"), 1);
-    assert_eq!(tools.calls_with_key("call_b"), 0);
-    assert_eq!(tools.calls_with_key("call_c"), 1);
+    assert_eq!(tools.calls_of("call_a"), 1);
+    assert_eq!(tools.calls_of("call_b"), 0);
+    assert_eq!(tools.calls_of("call_c"), 1);
     let state = state_of(&done);
     assert_eq!(state.approval_metadata.len(), 3);
     assert_eq!(done.status.unwrap().step, Some(2));
@@ -315,7 +315,7 @@ async fn a_run_needing_no_approval_finishes_in_one_step() {
         done.status.as_ref().unwrap().final_output.as_deref(),
         Some("u-1 exists.")
     );
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
     assert!(requests_of(cp, &ns.name, "r1").await.is_empty());
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0"]);
 }
@@ -413,7 +413,7 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     operator.controller = start_controller(cp, &ns.name).await;
     let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
     assert_eq!(requests_of(cp, &ns.name, "r1").await.len(), 1);
     assert_eq!(
@@ -424,11 +424,12 @@ async fn a_controller_restarted_mid_run_loses_and_duplicates_nothing() {
     );
 }
 
-/// The controller records a person's decision on the request after the next worker Pod exists. A
-/// controller that stops in between leaves the request Pending although the run applied it; the
-/// next controller records it from the request alone (decision, its time, the stamped identity).
+/// The controller records a decision on its request when it first observes it, before the run
+/// moves on. A controller stopped right after recording it leaves the run awaiting approval with
+/// the request recorded; the next controller applies the decision as recorded, without recording
+/// it again: the audit's time stays the time it was first observed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decision_applied_but_not_recorded_is_recorded_by_the_next_controller() {
+async fn a_decision_recorded_by_a_stopped_controller_is_applied_as_recorded() {
     let cp = ControlPlane::shared().await;
     let ns = cp.namespace("e2e-record").await;
     let mut operator = start_operator(cp, &ns).await;
@@ -451,6 +452,7 @@ async fn a_decision_applied_but_not_recorded_is_recorded_by_the_next_controller(
         .name
         .clone()
         .unwrap();
+    operator.controller.abort();
     decide(
         cp,
         Identity::Alice,
@@ -458,54 +460,39 @@ async fn a_decision_applied_but_not_recorded_is_recorded_by_the_next_controller(
         &name,
         json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "ok"}}),
     );
-    wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
-    let recorded = requests_of(cp, &ns.name, "r1")
-        .await
-        .remove(0)
-        .status
-        .unwrap();
-    assert_eq!(recorded.phase, Some(agentrun::crd::ApprovalPhase::Approved));
-    assert_eq!(
-        recorded
-            .verified_identity
-            .as_ref()
-            .map(|i| i.username.as_str()),
-        Some("alice@example.com")
-    );
-
-    // What a controller stopped right after creating the step-1 Pod leaves behind.
-    operator.controller.abort();
+    // What a controller stopped right after recording the decision leaves behind.
+    let observed_at = k8s_openapi::jiff::Timestamp::from_second(
+        k8s_openapi::jiff::Timestamp::now().as_second() - 90,
+    )
+    .unwrap();
     let requests: Api<ApprovalRequest> =
         Api::namespaced(cp.client(Identity::Admin).await, &ns.name);
     requests
         .patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Pending", "decidedAt": null, "verifiedIdentity": null}})),
+            &Patch::Merge(json!({"status": {
+                "phase": "Approved",
+                "decidedAt": observed_at.to_string(),
+                "verifiedIdentity": {"username": "alice@example.com", "groups": ["agentrun:approvers"]},
+            }})),
         )
         .await
         .unwrap();
     operator.controller = start_controller(cp, &ns.name).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let repaired = loop {
-        let status = requests
-            .get(&name)
-            .await
-            .unwrap()
-            .status
-            .unwrap_or_default();
-        if status.phase == Some(agentrun::crd::ApprovalPhase::Approved) {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not recorded: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(repaired.verified_identity, recorded.verified_identity);
-    assert_eq!(repaired.decided_at, recorded.decided_at);
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    let done = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Succeeded).await;
+    let status = requests.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(
+        status.decided_at.map(|t| t.0.as_second()),
+        Some(observed_at.as_second()),
+        "recorded once"
+    );
+    let state = state_of(&done);
+    assert_eq!(
+        state.approval_metadata["call_1"].timestamp.timestamp(),
+        observed_at.as_second()
+    );
+    assert_eq!(tools.calls_of("call_1"), 1);
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0", "r1-step-1"]);
 }
 
@@ -691,7 +678,13 @@ async fn a_worker_killed_mid_call_resends_an_idempotent_call_with_the_same_key()
     let (_keep, done, tools) = at_most_once_run(true).await;
     let calls = tools.requests_to("/delete_user");
     assert_eq!(calls.len(), 2, "sent again after the crash");
-    assert!(calls.iter().all(|c| c.idempotency_key() == Some("call_1")));
+    let key =
+        agentrun::agent::tool::idempotency_key(&kube::ResourceExt::uid(&done).unwrap(), "call_1");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.idempotency_key() == Some(key.as_str()))
+    );
     let status = done.status.unwrap();
     let record = &status.tool_calls[0];
     assert_eq!(record.tool_call_id, "call_1");
@@ -810,7 +803,7 @@ async fn a_run_whose_history_grows_to_5_mib_finishes() {
         state.approval_metadata["call_d"].approver_id.as_deref(),
         Some("alice@example.com")
     );
-    assert_eq!(tools.calls_with_key("call_d"), 1);
+    assert_eq!(tools.calls_of("call_d"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -926,9 +919,28 @@ async fn a_worker_token_cannot_write_another_runs_status() {
     );
     runs.get("r1").await.expect("its own run");
     runs.get_status("r1").await.expect("its own status");
+    // The run uses the snapshot of its Agent in its status: no Agent is readable.
     let agents: Api<agentrun::crd::Agent> = Api::namespaced(worker.clone(), &ns.name);
-    agents.get("ops").await.expect("its own Agent");
+    assert!(matches!(agents.get("ops").await, Err(kube::Error::Api(s)) if s.code == 403));
     assert!(matches!(agents.get("other").await, Err(kube::Error::Api(s)) if s.code == 403));
+    // ApprovalRequests are read one by one (to check a call before it is sent), never changed.
+    let requests: Api<agentrun::crd::ApprovalRequest> = Api::namespaced(worker.clone(), &ns.name);
+    let name = agentrun::crd::approval_request_name("r1", "call_1");
+    requests.get(&name).await.expect("its ApprovalRequest");
+    assert!(matches!(
+        requests.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"decision": "Approved", "approverId": "x"}}))).await,
+        Err(kube::Error::Api(s)) if s.code == 403
+    ));
+    assert!(matches!(
+        requests.list(&ListParams::default()).await,
+        Err(kube::Error::Api(s)) if s.code == 403
+    ));
+    // No ConfigMaps at all; offloaded states are RunStateChunks.
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(worker.clone(), &ns.name);
+    assert!(
+        matches!(maps.get("kube-root-ca.crt").await, Err(kube::Error::Api(s)) if s.code == 403)
+    );
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(worker, &ns.name);
     assert!(
         matches!(secrets.list(&ListParams::default()).await, Err(kube::Error::Api(s)) if s.code == 403)

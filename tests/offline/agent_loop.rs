@@ -192,14 +192,15 @@ async fn halt_approve_resume_runs_the_tool_once_with_the_idempotency_key() {
     assert_eq!(state.usage.input_tokens, 22);
     assert_eq!(state.usage.output_tokens, 14);
 
-    // The tool ran exactly once, keyed by the tool call id, with the JSON arguments.
+    // The tool ran exactly once, keyed by the run and the tool call id, with the JSON arguments.
     let calls = tools.requests_to("delete_user");
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].method, "POST");
-    assert_eq!(calls[0].idempotency_key(), Some("call_1"));
+    let key = agentrun::agent::tool::idempotency_key(&state.run_id, "call_1");
+    assert_eq!(calls[0].idempotency_key(), Some(key.as_str()));
     assert_eq!(calls[0].header("content-type"), Some("application/json"));
     assert_eq!(calls[0].json(), json!({"user_id": "u-1"}));
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
 
     // The model got the instructions first, the tools, the key, and the tool's result.
     let requests = model.requests();
@@ -247,7 +248,7 @@ async fn halt_approve_resume_runs_the_tool_once_with_the_idempotency_key() {
         .expect("resume completed");
     assert_eq!(again.final_output(), Some("User u-1 deleted."));
     assert_eq!(model.request_count(), 2);
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
 }
 
 #[tokio::test]
@@ -374,7 +375,7 @@ async fn two_deferred_calls_in_one_halt_one_approved_one_rejected() {
         1,
         "no model call while a decision is missing"
     );
-    assert_eq!(tools.calls_with_key("call_a"), 1, "the approved call ran");
+    assert_eq!(tools.calls_of("call_a"), 1, "the approved call ran");
 
     let mut state = roundtrip(&still);
     state
@@ -394,12 +395,8 @@ async fn two_deferred_calls_in_one_halt_one_approved_one_rejected() {
         outcome.final_output(),
         Some("Deleted u-1; u-2 was refused.")
     );
-    assert_eq!(
-        tools.calls_with_key("call_a"),
-        1,
-        "call_a ran once in total"
-    );
-    assert_eq!(tools.calls_with_key("call_b"), 0);
+    assert_eq!(tools.calls_of("call_a"), 1, "call_a ran once in total");
+    assert_eq!(tools.calls_of("call_b"), 0);
     let messages = model.requests()[1].messages();
     assert!(tool_result(&messages, "call_a").is_some_and(|r| r.contains("\"ok\":true")));
     assert_eq!(
@@ -450,8 +447,8 @@ async fn two_halts_in_sequence() {
     let pending = state.pending_approvals();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].tool_call_id, "call_2");
-    assert_eq!(tools.calls_with_key("call_1"), 1);
-    assert_eq!(tools.calls_with_key("call_2"), 0);
+    assert_eq!(tools.calls_of("call_1"), 1);
+    assert_eq!(tools.calls_of("call_2"), 0);
 
     state
         .approve("call_2", Approval::new().reason(REASON))
@@ -461,8 +458,8 @@ async fn two_halts_in_sequence() {
         .await
         .expect("resume 2");
     assert_eq!(outcome.final_output(), Some("Both deleted."));
-    assert_eq!(tools.calls_with_key("call_1"), 1);
-    assert_eq!(tools.calls_with_key("call_2"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
+    assert_eq!(tools.calls_of("call_2"), 1);
     assert_eq!(outcome.state.current_turn, 3);
     assert_eq!(outcome.state.usage.requests, 3);
     assert_eq!(outcome.state.approval_metadata.len(), 2);
@@ -498,9 +495,9 @@ async fn a_tool_without_approval_runs_immediately_also_next_to_a_deferred_call()
             .await
             .expect("run"),
     );
-    assert_eq!(tools.calls_with_key("call_l"), 1);
-    assert_eq!(tools.calls_with_key("call_l2"), 1, "runs before the halt");
-    assert_eq!(tools.calls_with_key("call_d"), 0);
+    assert_eq!(tools.calls_of("call_l"), 1);
+    assert_eq!(tools.calls_of("call_l2"), 1, "runs before the halt");
+    assert_eq!(tools.calls_of("call_d"), 0);
     assert_eq!(
         tool_result(&model.requests()[1].messages(), "call_l").as_deref(),
         Some(r#"{"user_id":"u-1","name":"Ada"}"#)
@@ -513,12 +510,8 @@ async fn a_tool_without_approval_runs_immediately_also_next_to_a_deferred_call()
         .await
         .expect("resume");
     assert_eq!(outcome.final_output(), Some("Done."));
-    assert_eq!(
-        tools.calls_with_key("call_l2"),
-        1,
-        "not sent again on resume"
-    );
-    assert_eq!(tools.calls_with_key("call_d"), 1);
+    assert_eq!(tools.calls_of("call_l2"), 1, "not sent again on resume");
+    assert_eq!(tools.calls_of("call_d"), 1);
     let messages = model.requests()[2].messages();
     assert!(tool_result(&messages, "call_d").is_some());
     assert!(tool_result(&messages, "call_l2").is_some());
@@ -583,7 +576,7 @@ async fn tool_failures_become_error_results_and_the_run_goes_on() {
     let outcome = runner().run(&agent, "Look up u-1").await.expect("run");
     assert_eq!(outcome.final_output(), Some("The lookup failed."));
     assert_eq!(
-        tools.calls_with_key("call_1"),
+        tools.calls_of("call_1"),
         1,
         "a failed tool call is not retried"
     );
@@ -824,7 +817,7 @@ async fn a_reused_tool_call_id_stops_the_run_instead_of_reusing_a_decision() {
         matches!(err, RunError::ReusedToolCallId { ref id } if id == "call_1"),
         "{err:?}"
     );
-    assert_eq!(tools.calls_with_key("call_1"), 1, "u-2 was never deleted");
+    assert_eq!(tools.calls_of("call_1"), 1, "u-2 was never deleted");
     assert_eq!(tools.requests()[0].json(), json!({"user_id": "u-1"}));
 }
 
@@ -898,7 +891,7 @@ async fn the_before_tool_call_hook_sees_each_call_before_it_is_sent() {
         *hooks.seen.lock().expect("lock"),
         [("call_l".to_owned(), false), ("call_d".to_owned(), true)]
     );
-    assert_eq!(tools.calls_with_key("call_d"), 0, "the hook skipped it");
+    assert_eq!(tools.calls_of("call_d"), 0, "the hook skipped it");
     assert_eq!(
         tool_result(&model.requests()[1].messages(), "call_d").as_deref(),
         Some("tool error: outcome unknown after a crash; not sent again")
@@ -916,7 +909,7 @@ async fn the_before_tool_call_hook_sees_each_call_before_it_is_sent() {
     }));
     let err = failing.run(&agent, "Go").await.expect_err("hook fails");
     assert!(matches!(err, RunError::Hook { ref tool_call_id, .. } if tool_call_id == "call_x"));
-    assert_eq!(tools.calls_with_key("call_x"), 0);
+    assert_eq!(tools.calls_of("call_x"), 0);
 }
 
 fn scripted_spec(tools: &ToolServer, turns: Json) -> Json {
@@ -950,7 +943,7 @@ async fn the_scripted_model_plays_its_turns_deterministically_across_resume() {
     let mut state = roundtrip(&halted(
         runner.run(&agent, "Delete u-1").await.expect("run"),
     ));
-    assert_eq!(tools.calls_with_key("call_2"), 1);
+    assert_eq!(tools.calls_of("call_2"), 1);
     // The scripted call's arguments are the JSON string OpenAI uses.
     let assistant = Json::try_from(&state.messages[1]).expect("json");
     assert_eq!(
@@ -968,8 +961,8 @@ async fn the_scripted_model_plays_its_turns_deterministically_across_resume() {
         .await
         .expect("resume");
     assert_eq!(outcome.final_output(), Some("User u-1 deleted."));
-    assert_eq!(tools.calls_with_key("call_1"), 1);
-    assert_eq!(tools.calls_with_key("call_2"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
+    assert_eq!(tools.calls_of("call_2"), 1);
     assert_eq!(outcome.state.usage.requests, 2);
     for request in tools.requests() {
         assert!(!request.body.contains(APPROVER) && !request.body.contains(REASON));
@@ -1202,7 +1195,7 @@ async fn the_run_command_halts_writes_the_state_and_resumes() {
         report.contains("final output:\nUser u-1 deleted."),
         "{report}"
     );
-    assert_eq!(tools.calls_with_key("call_1"), 1);
+    assert_eq!(tools.calls_of("call_1"), 1);
 
     // Bad input files are exit code 2; the message names the file.
     let garbage = dir.path().join("garbage.json");

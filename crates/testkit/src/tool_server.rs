@@ -199,15 +199,14 @@ impl ToolServer {
             .count()
     }
 
-    /// How many calls were received per `Idempotency-Key` (calls without one are not counted).
-    pub fn calls_per_key(&self) -> HashMap<String, usize> {
-        let mut counts = HashMap::new();
-        for request in lock(&self.shared.requests).iter() {
-            if let Some(key) = request.idempotency_key() {
-                *counts.entry(key.to_owned()).or_insert(0) += 1;
-            }
-        }
-        counts
+    /// How many calls of the model's tool call `tool_call_id` were received, in any run: calls
+    /// whose `Idempotency-Key` (`<run id>/<tool call id>`) names it.
+    pub fn calls_of(&self, tool_call_id: &str) -> usize {
+        let suffix = format!("/{tool_call_id}");
+        lock(&self.shared.requests)
+            .iter()
+            .filter(|r| r.idempotency_key().is_some_and(|k| k.ends_with(&suffix)))
+            .count()
     }
 }
 

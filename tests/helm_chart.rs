@@ -560,6 +560,52 @@ async fn helm_lint_passes() {
     );
 }
 
+/// The chart writes its own controller ServiceAccount and GitOps allow-list into the policies in
+/// place of the generated ones: its controller may move runs and release records, nobody else.
+#[tokio::test]
+async fn the_policies_name_the_release_controller_and_allow_list() {
+    let cp = ControlPlane::shared().await;
+    let policy = |docs: &[Value], name: &str| -> Value {
+        of_kind(docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    let docs = documents(&template(
+        cp,
+        "prod",
+        "ops",
+        &strings(&[
+            "serviceAccount.name=runner",
+            "admissionPolicies.gitopsApprovers={alice@example.com, Bob@Example.com }",
+        ]),
+    ));
+    for name in ["prod-agentrun-run-status", "prod-agentrun-record-retention"] {
+        let text = policy(&docs, name)["spec"].to_string();
+        assert!(
+            text.contains("request.userInfo.username == 'system:serviceaccount:ops:runner'"),
+            "{text}"
+        );
+        assert!(!text.contains("agentrun-system"), "{text}");
+    }
+    let gitops = policy(&docs, "prod-agentrun-gitops-approvers");
+    assert_eq!(gitops["spec"]["variables"][0]["name"], "gitopsAllowList");
+    assert_eq!(
+        gitops["spec"]["variables"][0]["expression"],
+        r#"["alice@example.com"," Bob@Example.com "]"#
+    );
+    // The defaults: the generated texts, an empty list.
+    let docs = documents(&template(cp, "agentrun", "agentrun-system", &[]));
+    let status = policy(&docs, "agentrun-run-status")["spec"].to_string();
+    assert!(
+        status.contains("'system:serviceaccount:agentrun-system:agentrun-controller'"),
+        "{status}"
+    );
+    let gitops = policy(&docs, "agentrun-gitops-approvers");
+    assert_eq!(gitops["spec"]["variables"][0]["expression"], "[]");
+}
+
 #[tokio::test]
 async fn the_values_schema_rejects_mistakes() {
     let cp = ControlPlane::shared().await;
@@ -698,15 +744,16 @@ async fn the_deployment_runs_the_controller_as_specified() {
     assert!(of_kind(&docs, "ServiceMonitor").is_empty());
     assert!(of_kind(&docs, "NetworkPolicy").is_empty());
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
-    // The admission policies, each with its binding, named after the release.
-    for kind in [
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
+    // The admission policies, each with its binding, named after the release: two stamps, five
+    // checks.
+    for (kind, count) in [
+        ("MutatingAdmissionPolicy", 2),
+        ("MutatingAdmissionPolicyBinding", 2),
+        ("ValidatingAdmissionPolicy", 5),
+        ("ValidatingAdmissionPolicyBinding", 5),
     ] {
         let objects = of_kind(&docs, kind);
-        assert_eq!(objects.len(), 2, "{kind}");
+        assert_eq!(objects.len(), count, "{kind}");
         for object in objects {
             let name = object["metadata"]["name"].as_str().unwrap();
             assert!(name.starts_with("agentrun-"), "{kind} {name}");

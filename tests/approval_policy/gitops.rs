@@ -100,7 +100,8 @@ async fn the_generated_allow_list_is_empty_and_refuses_gitops_decisions() {
     f.pending("r2", Some("carol@example.com")).await;
     let manifest = f.gitops_manifest("r1", "alice@example.com", Some(COMMIT));
     let copy = GeneratedCopy::install(&f);
-    // A new policy takes effect a moment after it is created: watch a server-side dry run.
+    // A new policy takes effect a moment after it is created: wait until a server-side dry run
+    // is refused by it.
     eventually(
         Duration::from_secs(60),
         "the copy to take effect",
@@ -118,7 +119,7 @@ async fn the_generated_allow_list_is_empty_and_refuses_gitops_decisions() {
                 ],
                 Some(&manifest),
             );
-            (!out.status.success() && stderr(&out).contains(GITOPS_EMPTY_ALLOW_LIST_MESSAGE))
+            (!out.status.success() && stderr(&out).contains(&format!("'{}'", copy.name)))
                 .then_some(())
         },
     )

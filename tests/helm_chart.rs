@@ -560,10 +560,10 @@ async fn helm_lint_passes() {
     );
 }
 
-/// The chart writes its own controller ServiceAccount and GitOps allow-list into the policies in
-/// place of the generated ones: its controller may move runs and release records, nobody else.
+/// The chart's controller is a controller identity by RBAC (the verb `control` on agentruns, which
+/// the policies check), and the chart writes its GitOps allow-list into the GitOps policy.
 #[tokio::test]
-async fn the_policies_name_the_release_controller_and_allow_list() {
+async fn the_policies_take_the_release_controller_and_allow_list() {
     let cp = ControlPlane::shared().await;
     let policy = |docs: &[Value], name: &str| -> Value {
         of_kind(docs, "ValidatingAdmissionPolicy")
@@ -576,32 +576,36 @@ async fn the_policies_name_the_release_controller_and_allow_list() {
         cp,
         "prod",
         "ops",
-        &strings(&[
-            "serviceAccount.name=runner",
-            "admissionPolicies.gitopsApprovers={alice@example.com, Bob@Example.com }",
-        ]),
+        &strings(&["admissionPolicies.gitopsApprovers={alice@example.com, Bob@Example.com }"]),
     ));
     for name in ["prod-agentrun-run-status", "prod-agentrun-record-retention"] {
         let text = policy(&docs, name)["spec"].to_string();
         assert!(
-            text.contains("request.userInfo.username == 'system:serviceaccount:ops:runner'"),
+            text.contains("resource('agentruns').namespace(request.namespace).check('control')"),
             "{text}"
         );
-        assert!(!text.contains("agentrun-system"), "{text}");
     }
+    let role = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "prod-agentrun-controller")
+        .expect("the controller's ClusterRole");
+    assert!(
+        normalized_rules(role).contains(&vec![
+            vec!["agentrun.dev".to_owned()],
+            vec!["agentruns".to_owned()],
+            vec![],
+            vec!["control".to_owned()],
+        ]),
+        "{role}"
+    );
     let gitops = policy(&docs, "prod-agentrun-gitops-approvers");
     assert_eq!(gitops["spec"]["variables"][0]["name"], "gitopsAllowList");
     assert_eq!(
         gitops["spec"]["variables"][0]["expression"],
         r#"["alice@example.com"," Bob@Example.com "]"#
     );
-    // The defaults: the generated texts, an empty list.
+    // By default the list is empty: GitOps decisions are refused.
     let docs = documents(&template(cp, "agentrun", "agentrun-system", &[]));
-    let status = policy(&docs, "agentrun-run-status")["spec"].to_string();
-    assert!(
-        status.contains("'system:serviceaccount:agentrun-system:agentrun-controller'"),
-        "{status}"
-    );
     let gitops = policy(&docs, "agentrun-gitops-approvers");
     assert_eq!(gitops["spec"]["variables"][0]["expression"], "[]");
 }
@@ -1104,6 +1108,7 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
             "-n",
             s,
         ],
+        vec!["control", "agentruns.agentrun.dev", "-n", t],
         vec!["create", "configmaps", "-n", t],
         vec!["get", "configmaps", "-n", t],
         vec!["list", "configmaps", "-n", t],

@@ -4,8 +4,7 @@
 //! approval, patched as the worker) is refused; what a worker really writes is accepted.
 
 use agentrun::crd::policy::{
-    CONTROLLER_NAMESPACE, CONTROLLER_USERNAME, RUN_NOT_RUNNING_MESSAGE, RUN_STATUS_MESSAGE,
-    WORKER_STATUS_FIELDS,
+    CONTROLLER_VERB, RUN_NOT_RUNNING_MESSAGE, RUN_STATUS_MESSAGE, WORKER_STATUS_FIELDS,
 };
 use agentrun::crd::{AgentRun, arguments_digest};
 use kube::api::{Api, Patch, PatchParams};
@@ -269,36 +268,76 @@ async fn a_worker_identity_writes_only_what_a_step_produces() {
         "r2",
         &json!({"status": {"phase": "Running", "step": 1, "pendingApprovals": 0, "createdBy": "carol@example.com"}}),
     );
-    // ... and the configured controller username (given the rights the controller has). The
-    // generated policies name system:serviceaccount:agentrun-system:agentrun-controller.
-    assert_eq!(
-        CONTROLLER_USERNAME,
-        format!("system:serviceaccount:{CONTROLLER_NAMESPACE}:agentrun-controller")
+    // ... and an identity RBAC grants the controller verb in the namespace, as the chart grants
+    // its controller ServiceAccount (which lives in its own namespace: editors of a namespace can
+    // act as its ServiceAccounts, so the verb is never for those). Status rights alone do not make
+    // a controller.
+    let system = format!("{}-system", f.ns());
+    let controller = format!("system:serviceaccount:{system}:agentrun-controller");
+    f.admin_apply(
+        &format!(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {system}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: agentrun-controller, namespace: {system}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: controller-status, namespace: {ns}}}
+rules: [{{apiGroups: [agentrun.dev], resources: [agentruns/status], verbs: [get, patch]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: controller-status, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: controller-status}}
+subjects: [{{kind: ServiceAccount, name: agentrun-controller, namespace: {system}}}]
+"#,
+            ns = f.ns()
+        ),
+        "the controller's status rights",
     );
+    let succeed = json!({"status": {"phase": "Succeeded", "completedAt": "2026-01-01T00:05:00Z"}});
+    let refusal = eventually(Duration::from_secs(30), "the status rights", || async {
+        let out = f.patch_status_as(Identity::Admin, &controller, "r2", &succeed);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (!out.status.success() && err.contains(RUN_STATUS_MESSAGE)).then_some(err)
+    })
+    .await;
+    assert!(refusal.contains("phase"), "{refusal}");
     f.admin_apply(
         &format!(
             r#"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: controller, namespace: {ns}}}
-rules: [{{apiGroups: [agentrun.dev], resources: [agentruns/status], verbs: [get, patch]}}]
+rules: [{{apiGroups: [agentrun.dev], resources: [agentruns], verbs: [{CONTROLLER_VERB}]}}]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata: {{name: controller, namespace: {ns}}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: controller}}
-subjects: [{{kind: ServiceAccount, name: agentrun-controller, namespace: {CONTROLLER_NAMESPACE}}}]
+subjects: [{{kind: ServiceAccount, name: agentrun-controller, namespace: {system}}}]
 "#,
             ns = f.ns()
         ),
-        "the controller's rights",
+        "the controller verb",
     );
-    let succeed = json!({"status": {"phase": "Succeeded", "completedAt": "2026-01-01T00:05:00Z"}});
+    // carol cannot act as the controller: its ServiceAccount is not in her namespace.
+    let out = f.patch_status_as(Identity::Carol, &controller, "r2", &succeed);
+    assert_refused(
+        &out,
+        "carol acting as the controller",
+        &["cannot impersonate resource \"serviceaccounts\""],
+    );
     eventually(
         Duration::from_secs(30),
         "the controller's write",
         || async {
-            f.patch_status_as(Identity::Admin, CONTROLLER_USERNAME, "r2", &succeed)
+            f.patch_status_as(Identity::Admin, &controller, "r2", &succeed)
                 .status
                 .success()
                 .then_some(())
@@ -312,6 +351,10 @@ subjects: [{{kind: ServiceAccount, name: agentrun-controller, namespace: {CONTRO
         &out,
         "a worker write after the end",
         &[RUN_NOT_RUNNING_MESSAGE, "Succeeded"],
+    );
+    let _ = f.cp.kubectl(
+        Identity::Admin,
+        &["delete", "namespace", &system, "--wait=false"],
     );
 }
 

@@ -1,7 +1,8 @@
 //! The CEL expressions the policies share: the decider stamp (JSON of `request.userInfo`), the
 //! normalised form identities are compared in, and who counts as a controller identity.
 
-use super::{CONTROLLER_USERNAME, GITOPS_GROUP};
+use super::super::GROUP;
+use super::{CONTROLLER_VERB, GITOPS_GROUP};
 
 /// A CEL expression for the JSON string literal (quotes included) of the string `expr`: it
 /// escapes the backslash, the double quote and every control character as JSON requires.
@@ -39,12 +40,12 @@ pub fn normalized(expr: &str) -> String {
     format!("({expr}).trim().lowerAscii()")
 }
 
-/// CEL: true when the request comes from a controller identity: a member of `system:masters`
-/// or the controller's own username ([`CONTROLLER_USERNAME`], which the Helm chart replaces
-/// with its release's controller ServiceAccount).
+/// CEL: true when the request comes from a controller identity: a member of `system:masters`, or
+/// an identity RBAC allows the verb [`CONTROLLER_VERB`] on `agentruns` in the request's namespace
+/// (the Helm chart grants it to its controller ServiceAccount, in the namespaces it watches).
 pub fn controller_identity() -> String {
     format!(
-        "(has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups) || request.userInfo.username == '{CONTROLLER_USERNAME}'"
+        "(has(request.userInfo.groups) && 'system:masters' in request.userInfo.groups) || authorizer.group('{GROUP}').resource('agentruns').namespace(request.namespace).check('{CONTROLLER_VERB}').allowed()"
     )
 }
 
@@ -94,9 +95,9 @@ mod tests {
         assert_eq!(normalized("x"), "(x).trim().lowerAscii()");
         let controller = controller_identity();
         assert!(controller.contains("'system:masters' in request.userInfo.groups"));
-        // The chart replaces this exact text: it must appear once, quoted.
-        assert_eq!(controller.matches(CONTROLLER_USERNAME).count(), 1);
-        assert!(controller.contains(&format!("'{CONTROLLER_USERNAME}'")));
+        assert!(controller.contains(
+            "authorizer.group('agentrun.dev').resource('agentruns').namespace(request.namespace).check('control').allowed()"
+        ));
         assert_eq!(string_list(&["a", "b"]), "['a', 'b']");
         assert_eq!(
             entry_unchanged("n", "o", "k"),

@@ -9,14 +9,14 @@
 //! Mutating policies run before validating ones, so the validating policies see (and check) what
 //! the stamps wrote:
 //!
-//! 1. `agentrun-stamp-creator` (MutatingAdmissionPolicy, [`stamps`]): on CREATE of an AgentRun,
+//! 1. `agentrun-stamp-creator` (MutatingAdmissionPolicy, `stamps.rs`): on CREATE of an AgentRun,
 //!    sets the annotation [`CREATED_BY_ANNOTATION`] to the exact authenticated username,
 //!    overwriting whatever the user wrote.
 //! 2. `agentrun-stamp-decider` (MutatingAdmissionPolicy): when a CREATE or UPDATE of an
 //!    ApprovalRequest sets a decision that was not there before, sets the annotation
 //!    [`DECIDED_BY_ANNOTATION`] to the authenticated identity as JSON
 //!    (`{"username":…,"uid":…,"groups":[…]}`, see [`DecidedBy`]).
-//! 3. `agentrun-approval-identity` (ValidatingAdmissionPolicy, [`decisions`]) on ApprovalRequests:
+//! 3. `agentrun-approval-identity` (ValidatingAdmissionPolicy, `decisions.rs`) on ApprovalRequests:
 //!    a new decision's `approverId` is the requester's own exact username unless the requester is
 //!    in [`GITOPS_GROUP`] and the object names the commit in [`GITOPS_COMMIT_ANNOTATION`]; the
 //!    run's creator (`spec.runCreator`) can neither decide nor be recorded as the approver, the
@@ -27,17 +27,18 @@
 //!    [`GITOPS_GROUP`] only): a GitOps decision's approver is on the admin's allow-list, kept in
 //!    the policy ([`GITOPS_ALLOW_LIST_VARIABLE`]); an empty list (the default) refuses every
 //!    GitOps decision.
-//! 5. `agentrun-run-creator` (ValidatingAdmissionPolicy, [`runs`]) on AgentRuns:
+//! 5. `agentrun-run-creator` (ValidatingAdmissionPolicy, `runs.rs`) on AgentRuns:
 //!    [`CREATED_BY_ANNOTATION`] is the creator's own username at CREATE and immutable afterwards.
 //! 6. `agentrun-run-status` (ValidatingAdmissionPolicy) on `agentruns/status`: anyone but a
 //!    controller identity changes only [`WORKER_STATUS_FIELDS`], and only while the run is
 //!    Running.
-//! 7. `agentrun-record-retention` (ValidatingAdmissionPolicy, [`retention`]): anyone but a
+//! 7. `agentrun-record-retention` (ValidatingAdmissionPolicy, `retention.rs`): anyone but a
 //!    controller identity leaves an ApprovalRequest's finalizers, ownerReferences and run label,
 //!    and an AgentRun's cleanup finalizer, alone.
 //!
-//! A *controller identity* is a member of `system:masters` or [`CONTROLLER_USERNAME`]; the Helm
-//! chart replaces that text with its release's controller ServiceAccount.
+//! A *controller identity* is a member of `system:masters`, or an identity RBAC allows the verb
+//! [`CONTROLLER_VERB`] on `agentruns` in the request's namespace (checked with the CEL
+//! `authorizer`, so that several releases, each watching its own namespaces, work side by side).
 //!
 //! Both stamps use `reinvocationPolicy: IfNeeded`: they are idempotent, and re-running them after
 //! a later mutation (another policy or webhook rewriting annotations) restores the verified value.
@@ -49,7 +50,7 @@
 //! `agentrun-viewer` (aggregated into `view`), `agentrun-editor` (aggregated into `edit`, and so
 //! `admin`; it can read ApprovalRequests but not decide them) and `agentrun-approver` (deciding
 //! ApprovalRequests; deliberately not aggregated anywhere: approval rights are granted
-//! explicitly with a RoleBinding or ClusterRoleBinding); see [`roles`].
+//! explicitly with a RoleBinding or ClusterRoleBinding); see `roles.rs`.
 
 mod builders;
 mod cel;
@@ -83,13 +84,11 @@ pub use super::keys::annotations::{
     GITOPS_COMMIT as GITOPS_COMMIT_ANNOTATION,
 };
 
-/// The namespace of the controller in the generated files (the Helm chart uses its release
-/// namespace).
-pub const CONTROLLER_NAMESPACE: &str = "agentrun-system";
-/// The controller's username in the generated files: with `system:masters`, the only identity
-/// that may move a run or release the records. The Helm chart replaces this exact text with its
-/// release's controller ServiceAccount.
-pub const CONTROLLER_USERNAME: &str = "system:serviceaccount:agentrun-system:agentrun-controller";
+/// The RBAC verb that makes an identity a *controller identity* for `agentruns` in a namespace
+/// (besides `system:masters`): it alone may move a run or release its records there. No built-in
+/// role grants it; the Helm chart grants it to its controller ServiceAccount. Any role granting
+/// `*` verbs on agentrun.dev resources grants it too: do not give such roles to tenants.
+pub const CONTROLLER_VERB: &str = "control";
 /// The first variable of `agentrun-gitops-approvers`: the CEL list of whom the GitOps group may
 /// record as approver (empty as generated; the Helm chart writes `admissionPolicies.gitopsApprovers`
 /// there; without Helm, an admin patches `/spec/variables/0/expression`).

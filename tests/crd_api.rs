@@ -988,8 +988,11 @@ async fn expired_and_superseded_requests_cannot_be_decided() {
     assert_eq!(request.spec.decision, Some(Decision::Approved));
 }
 
+/// A run keeps its Agent, its input and its worker overrides (image, resources, service account):
+/// issue 12 found that a run's worker image and service account could be swapped after an
+/// approval halt.
 #[tokio::test]
-async fn agent_run_input_and_agent_are_immutable_but_worker_overrides_are_not() {
+async fn agent_run_input_agent_and_worker_overrides_are_immutable() {
     let (cp, ns, client) = setup("crd-run").await;
     let ns = ns.name.as_str();
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
@@ -1016,9 +1019,27 @@ async fn agent_run_input_and_agent_are_immutable_but_worker_overrides_are_not() 
         "r1",
         r#"{"spec":{"worker":{"serviceAccountName":"runner"}}}"#,
     );
-    assert_ok(&out, "changing the worker overrides");
+    assert_refused(&out, "adding worker overrides", &["worker is immutable"]);
+    let mut spec = run_spec("ops", "hello");
+    spec.worker = Some(WorkerOverrides {
+        service_account_name: Some("runner".to_owned()),
+        ..Default::default()
+    });
+    runs.create(&PostParams::default(), &AgentRun::new("r2", spec))
+        .await
+        .expect("create an AgentRun with worker overrides");
+    for patch in [
+        r#"{"spec":{"worker":{"serviceAccountName":"default"}}}"#,
+        r#"{"spec":{"worker":{"image":"other:1"}}}"#,
+        r#"{"spec":{"worker":null}}"#,
+    ] {
+        let out = kubectl_patch(cp, ns, "ar", "r2", patch);
+        assert_refused(&out, patch, &["worker is immutable"]);
+    }
     let run = runs.get("r1").await.expect("get AgentRun");
     assert_eq!(run.spec.input, "hello");
+    assert_eq!(run.spec.worker, None);
+    let run = runs.get("r2").await.expect("get AgentRun");
     assert_eq!(
         run.spec
             .worker

@@ -537,6 +537,56 @@ async fn helm_lint_passes() {
     );
 }
 
+/// The chart's controller is a controller identity by RBAC (the verb `control` on agentruns, which
+/// the policies check), and the chart writes its GitOps allow-list into the GitOps policy.
+#[tokio::test]
+async fn the_policies_take_the_release_controller_and_allow_list() {
+    let cp = ControlPlane::shared().await;
+    let policy = |docs: &[Value], name: &str| -> Value {
+        of_kind(docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    let docs = documents(&template(
+        cp,
+        "prod",
+        "ops",
+        &strings(&["admissionPolicies.gitopsApprovers={alice@example.com, Bob@Example.com }"]),
+    ));
+    for name in ["prod-agentrun-run-status", "prod-agentrun-record-retention"] {
+        let text = policy(&docs, name)["spec"].to_string();
+        assert!(
+            text.contains("resource('agentruns').namespace(request.namespace).check('control')"),
+            "{text}"
+        );
+    }
+    let role = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "prod-agentrun-controller")
+        .expect("the controller's ClusterRole");
+    assert!(
+        normalized_rules(role).contains(&vec![
+            vec!["agentrun.dev".to_owned()],
+            vec!["agentruns".to_owned()],
+            vec![],
+            vec!["control".to_owned()],
+        ]),
+        "{role}"
+    );
+    let gitops = policy(&docs, "prod-agentrun-gitops-approvers");
+    assert_eq!(gitops["spec"]["variables"][0]["name"], "gitopsAllowList");
+    assert_eq!(
+        gitops["spec"]["variables"][0]["expression"],
+        r#"["alice@example.com"," Bob@Example.com "]"#
+    );
+    // By default the list is empty: GitOps decisions are refused.
+    let docs = documents(&template(cp, "agentrun", "agentrun-system", &[]));
+    let gitops = policy(&docs, "agentrun-gitops-approvers");
+    assert_eq!(gitops["spec"]["variables"][0]["expression"], "[]");
+}
+
 #[tokio::test]
 async fn the_values_schema_rejects_mistakes() {
     let cp = ControlPlane::shared().await;
@@ -681,15 +731,16 @@ async fn the_deployment_runs_the_controller_as_specified() {
     assert!(of_kind(&docs, "ServiceMonitor").is_empty());
     assert!(of_kind(&docs, "NetworkPolicy").is_empty());
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
-    // The admission policies, each with its binding, named after the release.
-    for kind in [
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
+    // The admission policies, each with its binding, named after the release: two stamps, five
+    // checks.
+    for (kind, count) in [
+        ("MutatingAdmissionPolicy", 2),
+        ("MutatingAdmissionPolicyBinding", 2),
+        ("ValidatingAdmissionPolicy", 5),
+        ("ValidatingAdmissionPolicyBinding", 5),
     ] {
         let objects = of_kind(&docs, kind);
-        assert_eq!(objects.len(), 2, "{kind}");
+        assert_eq!(objects.len(), count, "{kind}");
         for object in objects {
             let name = object["metadata"]["name"].as_str().unwrap();
             assert!(name.starts_with("agentrun-"), "{kind} {name}");
@@ -1048,6 +1099,7 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
             "-n",
             s,
         ],
+        vec!["control", "agentruns.agentrun.dev", "-n", t],
         vec!["create", "configmaps", "-n", t],
         vec!["get", "configmaps", "-n", t],
         vec!["list", "configmaps", "-n", t],

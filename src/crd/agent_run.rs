@@ -62,6 +62,11 @@ pub const MAX_FINAL_OUTPUT_LENGTH: usize = 262_144;
         "an AgentRun name must be at most 63 characters: it is used as a label value on its worker Pods and ApprovalRequests"
     )
 )]
+#[x_kube(
+    validation = Rule::new("has(self.worker) == has(oldSelf.worker)")
+        .message("worker is immutable")
+        .field_path(".worker"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunSpec {
     /// The Agent (in the run's namespace) whose instructions, model and tools the run uses.
@@ -72,8 +77,10 @@ pub struct AgentRunSpec {
     #[schemars(length(max = MAX_INPUT_LENGTH))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("input is immutable"))]
     pub input: String,
-    /// Overrides for the worker Pods that run the steps of this run.
+    /// Overrides for the worker Pods that run the steps of this run. Immutable: the run keeps
+    /// the image and service account it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("worker is immutable"))]
     pub worker: Option<WorkerOverrides>,
 }
 

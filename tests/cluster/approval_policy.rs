@@ -4,6 +4,18 @@
 //! requests, the stamped identities (`agentrun.dev/decided-by`, `agentrun.dev/created-by`) and
 //! their immutability, and the aggregated roles. For each rule, the refused case and the allowed
 //! case.
+//!
+//! The attacks of issue 12 on the API server's side, by namespace editors (the built-in `edit`
+//! role, which lets them act as any ServiceAccount of the namespace), approvers and the GitOps
+//! identity, are in the modules below: workers cannot move a run ([`run_status`]), identities are
+//! compared normalised ([`identities`]), GitOps decisions need an enabled namespace and the
+//! admin's allow-list ([`gitops`]), and the decision record cannot be detached or released by
+//! anyone but the controller ([`retention`]).
+
+mod gitops;
+mod identities;
+mod retention;
+mod run_status;
 
 use std::process::Output;
 use std::sync::OnceLock;
@@ -12,7 +24,9 @@ use std::time::{Duration, Instant};
 use agentrun::crd::policy::{
     APPROVER_ROLE, CREATED_BY_ANNOTATION, CREATED_BY_IMMUTABLE_MESSAGE, DECIDED_BY_ANNOTATION,
     DECIDED_BY_MESSAGE, DecidedBy, EDITOR_ROLE, FROZEN_ANNOTATIONS_MESSAGE,
-    GITOPS_COMMIT_ANNOTATION, GITOPS_GROUP, VIEWER_ROLE,
+    GITOPS_ALLOW_LIST_VARIABLE, GITOPS_APPROVERS_POLICY, GITOPS_COMMIT_ANNOTATION, GITOPS_GROUP,
+    GITOPS_NOT_ALLOWED_MESSAGE, REQUEST_RUN_LABEL_MESSAGE, RUN_STATUS_MESSAGE, VIEWER_ROLE,
+    gitops_allow_list,
 };
 use agentrun::crd::{
     AgentRunRef, ApprovalRequest, ApprovalRequestSpec, Decision, arguments_digest,
@@ -35,12 +49,80 @@ const ALICE_NOT_BOB: &str = "approverId must be your own username (alice@example
 static POLICIES_READY: OnceLock<()> = OnceLock::new();
 
 /// The policies of `crds/`, each checked by a probe that passes only once it is enforced.
-const PROBES: [&str; 4] = [
+const PROBES: [&str; 7] = [
     "stamp-creator",
     "run-creator",
     "stamp-decider",
     "approval-identity",
+    "run-status",
+    "record-retention",
+    "gitops-approvers",
 ];
+
+/// The GitOps approver allow-list of these tests, as an admin configures it: alice, bob (written
+/// with another case and spaces: the list is compared normalised) and carol.
+const ALLOW_LIST: [&str; 3] = [
+    "alice@example.com",
+    " Bob@Example.com ",
+    "carol@example.com",
+];
+
+/// The group the probes' non-controller identity is in, with the rights the probes need.
+const PROBE_GROUP: &str = "agentrun:policy-probe";
+
+/// Puts [`ALLOW_LIST`] into the installed `agentrun-gitops-approvers` policy (empty as generated),
+/// the way the docs tell an admin without Helm to: a JSON patch of its first variable.
+fn configure_allow_list(cp: &ControlPlane) {
+    let patch = json!([{
+        "op": "replace",
+        "path": "/spec/variables/0",
+        "value": {"name": GITOPS_ALLOW_LIST_VARIABLE, "expression": gitops_allow_list(&ALLOW_LIST)},
+    }]);
+    assert_success(
+        &cp.kubectl(
+            Identity::Admin,
+            &[
+                "patch",
+                "validatingadmissionpolicy",
+                GITOPS_APPROVERS_POLICY,
+                "--type=json",
+                "-p",
+                &patch.to_string(),
+            ],
+        ),
+        "configure the GitOps allow-list",
+    );
+}
+
+/// The probe namespace: the GitOps group an approver there, and [`PROBE_GROUP`] allowed to write
+/// run status and requests (as a worker or an approver might).
+fn probe_namespace(ns: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: probe, namespace: {ns}}}
+rules:
+- {{apiGroups: [agentrun.dev], resources: [agentruns/status, approvalrequests], verbs: [get, patch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: probe, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: probe}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "{PROBE_GROUP}"}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: gitops, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {APPROVER_ROLE}}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "{GITOPS_GROUP}"}}]
+"#
+    )
+}
 
 /// Waits until the API server enforces every policy of `crds/` (installed by
 /// `install_crds`): admission policies take effect a moment after they are created, and right
@@ -48,8 +130,13 @@ const PROBES: [&str; 4] = [
 fn wait_for_policies(cp: &ControlPlane) {
     POLICIES_READY.get_or_init(|| {
         let probe = format!("policy-probe-{:08x}", rand::random::<u32>());
+        configure_allow_list(cp);
         assert_success(
-            &cp.kubectl(Identity::Admin, &["create", "namespace", &probe]),
+            &cp.kubectl_with_stdin(
+                Identity::Admin,
+                &["apply", "-f", "-"],
+                Some(&probe_namespace(&probe)),
+            ),
             "create the probe namespace",
         );
         let deadline = Instant::now() + Duration::from_secs(90);
@@ -93,9 +180,15 @@ fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> Resu
     };
     let request = |annotations: &str, decision: &str| {
         format!(
-            "apiVersion: agentrun.dev/v1alpha1\nkind: ApprovalRequest\nmetadata: {{name: {name}, namespace: {ns}, annotations: {{{annotations}}}}}\nspec: {{agentRunRef: {{name: probe, uid: probe}}, step: 0, toolCallId: call, toolName: probe, arguments: '{ARGUMENTS}', argumentsDigest: {}{decision}}}\n",
+            "apiVersion: agentrun.dev/v1alpha1\nkind: ApprovalRequest\nmetadata: {{name: {name}, namespace: {ns}, annotations: {{{annotations}}}, labels: {{agentrun.dev/run: probe}}}}\nspec: {{agentRunRef: {{name: probe, uid: probe}}, step: 0, toolCallId: call, toolName: probe, arguments: '{ARGUMENTS}', argumentsDigest: {}{decision}}}\n",
             arguments_digest(ARGUMENTS)
         )
+    };
+    // kubectl as a non-controller identity with the probe's rights.
+    let as_probe = |args: &[&str]| {
+        let mut all = vec!["-n", ns, "--as", "policy-probe", "--as-group", PROBE_GROUP];
+        all.extend_from_slice(args);
+        cp.kubectl(Identity::Admin, &all)
     };
     // The created object, or why the create failed.
     let create = |yaml: &str| -> Result<Value, String> {
@@ -169,6 +262,69 @@ fn probe_policy(cp: &ControlPlane, ns: &str, policy: &str, attempt: u32) -> Resu
             );
             refused(out, DECIDED_BY_MESSAGE)
         }
+        "run-status" => {
+            create(&run(""))?;
+            let out = cp.kubectl(
+                Identity::Admin,
+                &[
+                    "-n",
+                    ns,
+                    "patch",
+                    "agentrun",
+                    &name,
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    r#"{"status":{"phase":"Running","step":0}}"#,
+                ],
+            );
+            if !out.status.success() {
+                return Err(stderr(&out));
+            }
+            let out = as_probe(&[
+                "patch",
+                "agentrun",
+                &name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"step":5}}"#,
+            ]);
+            refused(out, RUN_STATUS_MESSAGE)
+        }
+        "record-retention" => {
+            create(&request("", ""))?;
+            let out = as_probe(&[
+                "label",
+                "--overwrite",
+                "apr",
+                &name,
+                "agentrun.dev/run=other",
+            ]);
+            refused(out, REQUEST_RUN_LABEL_MESSAGE)
+        }
+        "gitops-approvers" => {
+            create(&request("", ""))?;
+            let decision = json!({
+                "metadata": {"annotations": {GITOPS_COMMIT_ANNOTATION: "9fceb02d0ae598e95dc970b74767f19372d61af8"}},
+                "spec": {"decision": "Approved", "approverId": "not-listed@example.com", "reason": "probe"}
+            });
+            let out = cp.kubectl(
+                Identity::Gitops,
+                &[
+                    "-n",
+                    ns,
+                    "patch",
+                    "apr",
+                    &name,
+                    "--type=merge",
+                    "-p",
+                    &decision.to_string(),
+                ],
+            );
+            // Refused as not listed (not as "the list is empty"): the list is configured.
+            refused(out, GITOPS_NOT_ALLOWED_MESSAGE)
+        }
         other => unreachable!("no probe for {other}"),
     }
 }
@@ -239,6 +395,81 @@ async fn setup(prefix: &str) -> Fixture {
 impl Fixture {
     fn ns(&self) -> &str {
         &self.ns.name
+    }
+
+    /// Binds the built-in `edit` ClusterRole to carol and bob here, and waits until carol may act
+    /// as the namespace's ServiceAccounts (which `edit` allows).
+    async fn bind_edit(&self) {
+        let binding = format!(
+            r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: built-in-edit, namespace: {}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: carol@example.com}}
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob@example.com}}
+"#,
+            self.ns()
+        );
+        assert_success(
+            &self
+                .cp
+                .kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(&binding)),
+            "bind edit to carol and bob",
+        );
+        for identity in [Identity::Carol, Identity::Bob] {
+            eventually(Duration::from_secs(60), "the edit binding", || async {
+                (can_i(
+                    self.cp,
+                    identity,
+                    self.ns(),
+                    "impersonate",
+                    "serviceaccounts",
+                ) && can_i(
+                    self.cp,
+                    identity,
+                    self.ns(),
+                    "patch",
+                    "agentruns.agentrun.dev",
+                ))
+                .then_some(())
+            })
+            .await;
+        }
+    }
+
+    /// kubectl in this namespace as `identity` acting as `user` (`--as`), e.g. carol as a
+    /// ServiceAccount of the namespace.
+    fn kubectl_as(&self, identity: Identity, user: &str, args: &[&str]) -> Output {
+        let mut all = vec!["-n", self.ns(), "--as", user];
+        all.extend_from_slice(args);
+        self.cp.kubectl(identity, &all)
+    }
+
+    /// Applies `manifest` as admin.
+    fn admin_apply(&self, manifest: &str, what: &str) {
+        assert_success(
+            &self
+                .cp
+                .kubectl_with_stdin(Identity::Admin, &["apply", "-f", "-"], Some(manifest)),
+            what,
+        );
+    }
+
+    /// Runs kubectl in this namespace as admin, asserting success; its standard output.
+    fn admin(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.ns()];
+        all.extend_from_slice(args);
+        let out = self.cp.kubectl(Identity::Admin, &all);
+        assert_success(&out, &all.join(" "));
+        stdout(&out)
+    }
+
+    /// An object of this namespace as JSON, read by admin.
+    fn get_json(&self, kind: &str, name: &str) -> Value {
+        let text = self.admin(&["get", kind, name, "-o", "json"]);
+        serde_json::from_str(&text).expect("kubectl -o json")
     }
 
     /// Creates a pending ApprovalRequest as admin (the way the controller does: no decision).
@@ -492,6 +723,8 @@ async fn carol_cannot_decide_but_alice_can() {
 #[tokio::test]
 async fn gitops_records_another_approver_only_with_a_commit() {
     let f = setup("pol-gitops").await;
+    // The admin's allow-list names alice (configured once for all tests, before any runs).
+    assert!(ALLOW_LIST.contains(&"alice@example.com"));
     f.pending("r1", Some("carol@example.com")).await;
     let without = f.gitops_manifest("r1", "alice@example.com", None);
     let out = f.apply(Identity::Gitops, &without);
@@ -602,7 +835,7 @@ async fn the_run_creator_cannot_decide_its_own_requests() {
         &["separation of duties: gitops created this run"],
     );
 
-    // Without a recorded creator (the Agent allows self-approval) the creator may decide.
+    // Without a recorded creator (an admin setting allows self-approval) the creator may decide.
     f.pending("self-approval", None).await;
     assert_success(
         &f.decide(Identity::Alice, "self-approval", "alice@example.com"),

@@ -47,6 +47,55 @@ subjects: [{{kind: Group, name: "agentrun:requesters"}}]
     cp.apply(Identity::Admin, &format!("{approvers}---{requesters}"));
 }
 
+/// Puts `approver` on the GitOps approver allow-list (empty as generated: GitOps decisions are
+/// refused until an admin lists someone), as the docs tell an admin without Helm to, and waits
+/// until the list is in effect: the GitOps identity applying `manifest` with someone else as the
+/// approver is refused as "not on the list" rather than "the list is empty" (a refusal, so no
+/// decision event in the API server's log).
+async fn allow_gitops_approver(cp: &ControlPlane, manifest: &str, approver: &str) {
+    use agentrun::crd::policy::{
+        GITOPS_ALLOW_LIST_VARIABLE, GITOPS_APPROVERS_POLICY, GITOPS_NOT_ALLOWED_MESSAGE,
+        gitops_allow_list,
+    };
+    let patch = json!([{
+        "op": "replace",
+        "path": "/spec/variables/0",
+        "value": {"name": GITOPS_ALLOW_LIST_VARIABLE, "expression": gitops_allow_list(&[approver])},
+    }]);
+    assert_success(
+        &cp.kubectl(
+            Identity::Admin,
+            &[
+                "patch",
+                "validatingadmissionpolicy",
+                GITOPS_APPROVERS_POLICY,
+                "--type=json",
+                "-p",
+                &patch.to_string(),
+            ],
+        ),
+        "the GitOps allow-list",
+    );
+    let probe = manifest.replace(approver, "not-listed@example.com");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = cp.kubectl_with_stdin(
+            Identity::Gitops,
+            &["apply", "--server-side", "--dry-run=server", "-f", "-"],
+            Some(&probe),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && err.contains(GITOPS_NOT_ALLOWED_MESSAGE) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the GitOps allow-list never took effect: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Creates a run as `identity`. Right after `crds/` is installed the API server may refuse it for
 /// a moment while its admission policies come into effect (the CRD's kind not yet known to a
 /// policy, or the creator check in effect before the creator stamp): such refusals are retried,
@@ -635,6 +684,7 @@ async fn dry_run_manifests_applied_server_side_resume_the_run() {
         ],
     )
     .ok("approve --dry-run as alice");
+    allow_gitops_approver(cp, &manifest, "alice@example.com").await;
     assert_success(
         &cp.kubectl_with_stdin(
             Identity::Gitops,

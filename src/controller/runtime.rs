@@ -317,7 +317,7 @@ const POLICY_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// [`DecisionRules`](super::DecisionRules)). Warns when they are missing.
 async fn watch_policies(
     client: Client,
-    names: [String; 2],
+    names: [Vec<String>; 2],
     installed: Arc<AtomicBool>,
     checked: impl Fn(&watcher::Event<()>),
 ) {
@@ -341,18 +341,34 @@ async fn watch_policies(
     }
 }
 
-/// The names of the policy (and binding) that stamps who decides and of the one that checks it,
-/// with this prefix instead of `agentrun`.
-pub fn policy_names(prefix: Option<&str>) -> [String; 2] {
-    use crate::crd::policy::{APPROVAL_IDENTITY_POLICY, STAMP_DECIDER_POLICY};
-    [STAMP_DECIDER_POLICY, APPROVAL_IDENTITY_POLICY].map(|name| match prefix {
+/// The names of the mutating and of the validating admission policies (each with a binding of the
+/// same name), with this prefix instead of `agentrun`.
+pub fn policy_names(prefix: Option<&str>) -> [Vec<String>; 2] {
+    use kube::ResourceExt;
+    let named = |name: String| match prefix {
         Some(prefix) => format!("{prefix}{}", name.trim_start_matches("agentrun")),
-        None => name.to_owned(),
-    })
+        None => name,
+    };
+    let policies = crate::crd::policy::admission_policies();
+    [
+        policies
+            .mutating
+            .iter()
+            .map(|(p, _)| named(p.name_any()))
+            .collect(),
+        policies
+            .validating
+            .iter()
+            .map(|(p, _)| named(p.name_any()))
+            .collect(),
+    ]
 }
 
-/// `Ok` when the stamping and checking policies and their bindings exist, else what is missing.
-async fn policies_installed(client: &Client, [stamp, check]: &[String; 2]) -> Result<(), String> {
+/// `Ok` when every admission policy and its binding exist, else what is missing.
+async fn policies_installed(
+    client: &Client,
+    [mutating, validating]: &[Vec<String>; 2],
+) -> Result<(), String> {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
         ValidatingAdmissionPolicyBinding,
@@ -370,8 +386,13 @@ async fn policies_installed(client: &Client, [stamp, check]: &[String; 2]) -> Re
             Err(e) => Err(format!("{} {name}: {e}", K::kind(&()))),
         }
     }
-    exists::<MutatingAdmissionPolicy>(client, stamp).await?;
-    exists::<MutatingAdmissionPolicyBinding>(client, stamp).await?;
-    exists::<ValidatingAdmissionPolicy>(client, check).await?;
-    exists::<ValidatingAdmissionPolicyBinding>(client, check).await
+    for name in mutating {
+        exists::<MutatingAdmissionPolicy>(client, name).await?;
+        exists::<MutatingAdmissionPolicyBinding>(client, name).await?;
+    }
+    for name in validating {
+        exists::<ValidatingAdmissionPolicy>(client, name).await?;
+        exists::<ValidatingAdmissionPolicyBinding>(client, name).await?;
+    }
+    Ok(())
 }

@@ -129,6 +129,8 @@ pub const RUN_STATUS_POLICY: &str = "agentrun-run-status";
 /// The ValidatingAdmissionPolicy (and binding) keeping the records attached and alive.
 pub const RECORD_RETENTION_POLICY: &str = "agentrun-record-retention";
 
+/// The ClusterRole that may read the ApprovalRecords (the durable decision records).
+pub const AUDITOR_ROLE: &str = "agentrun-auditor";
 /// The ClusterRole that may decide ApprovalRequests (and read runs and agents).
 pub const APPROVER_ROLE: &str = "agentrun-approver";
 /// The ClusterRole that may manage Agents and AgentRuns and read ApprovalRequests.

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::super::GROUP;
 use super::builders::{part_of, strings};
-use super::{APPROVER_ROLE, EDITOR_ROLE, VIEWER_ROLE};
+use super::{APPROVER_ROLE, AUDITOR_ROLE, EDITOR_ROLE, VIEWER_ROLE};
 
 fn rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
     PolicyRule {
@@ -43,7 +43,9 @@ fn cluster_role(name: &str, aggregate_to: Option<&str>, rules: Vec<PolicyRule>) 
 }
 
 /// The ClusterRoles: `agentrun-approver` (not aggregated), `agentrun-editor` (aggregated into
-/// `edit`) and `agentrun-viewer` (aggregated into `view`).
+/// `edit`), `agentrun-viewer` (aggregated into `view`) and `agentrun-auditor` (reading the
+/// cluster-scoped ApprovalRecords; bound with a ClusterRoleBinding, not aggregated). Whoever reads
+/// runs also reads their offloaded states (RunStateChunks).
 pub fn cluster_roles() -> Vec<ClusterRole> {
     vec![
         cluster_role(
@@ -51,7 +53,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
             None,
             vec![
                 rule(&["approvalrequests"], &["get", "list", "watch", "patch"]),
-                rule(&["agentruns", "agents"], READ),
+                rule(&["agentruns", "agents", "runstatechunks"], READ),
             ],
         ),
         cluster_role(
@@ -64,14 +66,18 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "get", "list", "watch", "create", "update", "patch", "delete",
                     ],
                 ),
-                rule(&["approvalrequests"], READ),
+                rule(&["approvalrequests", "runstatechunks"], READ),
             ],
         ),
         cluster_role(
             VIEWER_ROLE,
             Some("view"),
-            vec![rule(&["agents", "agentruns", "approvalrequests"], READ)],
+            vec![rule(
+                &["agents", "agentruns", "approvalrequests", "runstatechunks"],
+                READ,
+            )],
         ),
+        cluster_role(AUDITOR_ROLE, None, vec![rule(&["approvalrecords"], READ)]),
     ]
 }
 

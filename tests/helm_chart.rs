@@ -680,6 +680,10 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "64",
             "--state-cache-mib",
             "32",
+            "--gitops-group",
+            "agentrun:gitops",
+            "--admission-policy-prefix",
+            "agentrun",
             "--signing-key-secret",
             "agentrun-signing-keys",
             "--jwks-config-map",
@@ -828,8 +832,16 @@ async fn the_deployment_runs_the_controller_as_specified() {
             .all(|r| r["metadata"]["name"] != "agentrun-controller-leader-election"),
         "no leader-election Role without leader election"
     );
-    assert!(
-        of_kind(&docs, "ClusterRoleBinding").is_empty(),
+    // The namespaced rules are bound in that namespace only; only the rights on cluster-scoped
+    // objects (the admission policies checked, SubjectAccessReviews, ApprovalRecords) are bound
+    // cluster-wide.
+    let cluster_bindings = of_kind(&docs, "ClusterRoleBinding");
+    assert_eq!(
+        cluster_bindings
+            .iter()
+            .map(|b| b["roleRef"]["name"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["agentrun-controller-decisions"],
         "watchNamespace binds in one namespace"
     );
     let bindings = of_kind(&docs, "RoleBinding");
@@ -1054,6 +1066,10 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
     let kc = controller_kubeconfig(cp, &release).await;
     let (t, s) = (team.name.as_str(), system.name.as_str());
     let lease = "leases.coordination.k8s.io";
+    let own_policy = format!(
+        "validatingadmissionpolicies.admissionregistration.k8s.io/{}-approval-identity",
+        release.name
+    );
     let allowed: Vec<Vec<&str>> = vec![
         vec!["list", "agentruns.agentrun.dev", "--all-namespaces"],
         vec!["watch", "approvalrequests.agentrun.dev", "-n", t],
@@ -1100,10 +1116,14 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
             s,
         ],
         vec!["control", "agentruns.agentrun.dev", "-n", t],
-        vec!["create", "configmaps", "-n", t],
-        vec!["get", "configmaps", "-n", t],
-        vec!["list", "configmaps", "-n", t],
-        vec!["delete", "configmaps", "-n", t],
+        vec!["create", "runstatechunks.agentrun.dev", "-n", t],
+        vec!["get", "runstatechunks.agentrun.dev", "-n", t],
+        vec!["list", "runstatechunks.agentrun.dev", "-n", t],
+        vec!["delete", "runstatechunks.agentrun.dev", "-n", t],
+        // Decisions: the admission policies checked, approvers' rights asked, records written.
+        vec!["create", "subjectaccessreviews.authorization.k8s.io"],
+        vec!["create", "approvalrecords.agentrun.dev"],
+        vec!["get", &own_policy],
         // Approval assertions: the signing keys' Secret and the JWKS ConfigMap.
         vec!["create", "secrets", "-n", s],
         vec!["get", "secrets/agentrun-signing-keys", "-n", s],
@@ -1111,6 +1131,14 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
     ];
     let refused: Vec<Vec<&str>> = vec![
         vec!["update", "configmaps", "-n", t],
+        vec!["create", "configmaps", "-n", t],
+        vec!["get", "configmaps", "-n", t],
+        vec!["delete", "approvalrecords.agentrun.dev"],
+        vec!["update", "approvalrecords.agentrun.dev"],
+        vec![
+            "get",
+            "validatingadmissionpolicies.admissionregistration.k8s.io/someone-elses",
+        ],
         vec!["list", "secrets", "-n", t],
         vec!["watch", "secrets", "-n", t],
         vec!["create", "secrets", "-n", t],
@@ -1291,8 +1319,10 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
             lease_duration: Duration::from_secs(15),
             grace: Duration::from_secs(5),
         }),
-        // The chart's defaults: keys made and published in the release namespace.
+        // The chart's defaults: keys made and published in the release namespace, the admission
+        // policies named after the release.
         signing: Some(controller::SigningConfig::new(&release.namespace)),
+        admission_policy_prefix: Some(release.name.clone()),
         ..Default::default()
     };
     let controller = AbortOnDropHandle::new(tokio::spawn(async move {

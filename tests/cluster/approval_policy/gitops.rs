@@ -13,8 +13,8 @@ use agentrun::crd::policy::{
 };
 use serde_json::json;
 
-use agentrun_testkit::cluster::{ControlPlane, Identity};
 use super::{Fixture, assert_refused, assert_success, decided_by, eventually, setup, stderr};
+use agentrun_testkit::cluster::{ControlPlane, Identity};
 
 const COMMIT: &str = "9fceb02d0ae598e95dc970b74767f19372d61af8";
 

@@ -8,8 +8,8 @@
 
 use serde_json::json;
 
-use agentrun_testkit::cluster::Identity;
 use super::{ALICE_NOT_BOB, assert_refused, assert_success, decided_by, setup};
+use agentrun_testkit::cluster::Identity;
 
 const COMMIT: &str = "9fceb02d0ae598e95dc970b74767f19372d61af8";
 

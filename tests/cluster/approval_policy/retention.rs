@@ -12,8 +12,8 @@ use agentrun::crd::policy::{
 };
 use serde_json::{Value, json};
 
-use agentrun_testkit::cluster::Identity;
 use super::{Fixture, assert_refused, assert_success, can_i, eventually, setup};
+use agentrun_testkit::cluster::Identity;
 
 const KEEP: &str = "agentrun.dev/keep-with-run";
 const CLEANUP: &str = "agentrun.dev/cleanup";

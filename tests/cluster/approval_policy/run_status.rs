@@ -10,8 +10,8 @@ use agentrun::crd::{AgentRun, arguments_digest};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use agentrun_testkit::cluster::Identity;
 use super::{Fixture, assert_refused, assert_success, eventually, setup};
+use agentrun_testkit::cluster::Identity;
 use std::time::Duration;
 
 /// A RunState as a worker writes it: the halted conversation, the approval it needs.

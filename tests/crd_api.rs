@@ -1048,3 +1048,85 @@ async fn agent_run_input_agent_and_worker_overrides_are_immutable() {
         Some("runner")
     );
 }
+
+/// Attack 5 of issue 12: a cluster without the admission policies. Nothing stamps who decided, so
+/// anyone who may patch a request could claim any name: the controller applies no decision
+/// (condition `UnverifiedDecision`), and the tool receives nothing. An admin who knowingly runs so
+/// (`--allow-unverified-decisions`) gets decisions applied as claimed, never as verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_admission_policies_no_decision_is_applied() {
+    use agentrun::crd::{AgentRunPhase, ConditionType, approval_request_name, find_condition};
+    use agentrun_testkit::operator::{start_controller_with, start_dev_kubelet, test_config};
+    use agentrun_testkit::runs::{agent_yaml, run_yaml, wait_for_phase};
+    use agentrun_testkit::tool_server::ToolServer;
+    use agentrun_testkit::wait::eventually;
+
+    let (cp, strict, client) = setup("crd-fail-closed").await;
+    let claims = cp.namespace("crd-claims-allowed").await;
+    let tools = ToolServer::start().await;
+    let model = serde_json::json!({"scripted": {"turns": [
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Done."}
+    ]}});
+    let mut allowing = test_config(&claims.name);
+    allowing.policy.decisions.allow_unverified_decisions = true;
+    let _controllers = [
+        start_controller_with(cp, test_config(&strict.name)).await,
+        start_controller_with(cp, allowing).await,
+    ];
+    let _kubelets = [
+        start_dev_kubelet(cp, &strict.name).await,
+        start_dev_kubelet(cp, &claims.name).await,
+    ];
+    let request = approval_request_name("r1", "call_1");
+    // bob, with no stamp to contradict him, claims alice approved.
+    let claim = serde_json::json!({"spec": {"decision": "Approved", "approverId": "alice@example.com", "reason": "CR-1234"}});
+    for ns in [&strict.name, &claims.name] {
+        cp.apply(
+            Identity::Admin,
+            &agent_yaml(ns, "ops", model.clone(), &tools),
+        );
+        cp.apply(Identity::Admin, &run_yaml(ns, "r1", "ops", "Delete u-1"));
+        wait_for_phase(cp, ns, "r1", AgentRunPhase::AwaitingApproval).await;
+        let out = cp.kubectl(
+            Identity::Admin,
+            &[
+                "patch",
+                "apr",
+                &request,
+                "-n",
+                ns,
+                "--type",
+                "merge",
+                "-p",
+                &claim.to_string(),
+            ],
+        );
+        assert_ok(&out, "the claimed decision");
+    }
+
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), &strict.name);
+    let refused = eventually(Duration::from_secs(60), "the refusal", || async {
+        let run = runs.get("r1").await.ok()?;
+        let ready = find_condition(&run.status.as_ref()?.conditions, ConditionType::Ready)?;
+        (ready.reason == "UnverifiedDecision").then(|| ready.message.clone())
+    })
+    .await;
+    assert!(refused.contains("not installed"), "{refused}");
+    let requests: Api<ApprovalRequest> = Api::namespaced(client.clone(), &strict.name);
+    let status = requests.get(&request).await.unwrap().status.unwrap();
+    assert_eq!(status.phase, Some(ApprovalPhase::Pending), "not applied");
+    assert_eq!(status.verified_identity, None);
+
+    let done = wait_for_phase(cp, &claims.name, "r1", AgentRunPhase::Succeeded).await;
+    assert_eq!(done.status.unwrap().phase, Some(AgentRunPhase::Succeeded));
+    let requests: Api<ApprovalRequest> = Api::namespaced(client, &claims.name);
+    let status = requests.get(&request).await.unwrap().status.unwrap();
+    assert_eq!(status.phase, Some(ApprovalPhase::Approved));
+    assert_eq!(status.verified_identity, None, "claimed, never verified");
+    assert_eq!(
+        tools.calls_of("call_1"),
+        1,
+        "only the admin's claims-allowed namespace ran it"
+    );
+}

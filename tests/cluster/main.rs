@@ -9,6 +9,7 @@
 
 mod approval_assertions;
 mod approval_policy;
+mod attacks;
 mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;

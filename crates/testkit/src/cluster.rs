@@ -332,8 +332,14 @@ impl ControlPlane {
     pub async fn install_crds_only(&self) {
         self.crds.get_or_init(|| {
             let crds = repo_root().join("crds");
-            let files =
-                ["agent.yaml", "agentrun.yaml", "approvalrequest.yaml"].map(|f| crds.join(f));
+            let files = [
+                "agent.yaml",
+                "agentrun.yaml",
+                "approvalrequest.yaml",
+                "approvalrecord.yaml",
+                "runstatechunk.yaml",
+            ]
+            .map(|f| crds.join(f));
             self.apply_crds(&files);
             self.wait_served(false);
         });

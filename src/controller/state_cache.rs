@@ -137,24 +137,13 @@ impl StateCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{AgentRef, AgentRunSpec, AgentRunStatus};
 
     fn run(uid: &str, rv: &str, phase: AgentRunPhase, state: &str) -> AgentRun {
-        let mut run = AgentRun::new(
-            "r1",
-            AgentRunSpec {
-                agent_ref: AgentRef { name: "ops".into() },
-                input: "hi".into(),
-                worker: None,
-            },
-        );
-        run.metadata.uid = Some(uid.into());
-        run.metadata.resource_version = Some(rv.into());
-        run.status = Some(AgentRunStatus {
-            phase: Some(phase),
-            run_state: Some(state.into()),
-            ..Default::default()
-        });
+        let mut run = AgentRun::test()
+            .with_uid(uid)
+            .with_resource_version(rv)
+            .in_phase(Some(phase));
+        run.status.as_mut().unwrap().run_state = Some(state.into());
         run
     }
 

@@ -149,27 +149,23 @@ pub async fn run(client: Client, config: DevKubeletConfig) -> Result<(), DevKube
 /// Retries an API call the way a kubelet's status manager does, so that an API server restart does
 /// not leave a Pod without its status (a Pod left Pending gets no new watch event to retry it).
 /// Gives up when the Pod is gone (404) or after two minutes.
-async fn with_retries<T, F, Fut>(what: &str, mut call: F) -> Result<T, DevKubeletError>
+async fn with_retries<T, F, Fut>(what: &str, call: F) -> Result<T, DevKubeletError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, DevKubeletError>>,
 {
+    use backon::{ExponentialBuilder, Retryable};
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
-    let mut delay = std::time::Duration::from_millis(200);
-    loop {
-        match call().await {
-            Ok(value) => return Ok(value),
-            Err(DevKubeletError::Kube(kube::Error::Api(s))) if s.code == 404 => {
-                return Err(DevKubeletError::Kube(kube::Error::Api(s)));
-            }
-            Err(error) if tokio::time::Instant::now() < deadline => {
-                warn!(%error, "{what} failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(std::time::Duration::from_millis(200))
+        .with_max_delay(std::time::Duration::from_secs(5))
+        .with_factor(2.0)
+        .without_max_times();
+    call.retry(backoff)
+        .when(|e| !matches!(e, DevKubeletError::Kube(kube::Error::Api(s)) if s.code == 404))
+        .adjust(|_, delay| delay.filter(|_| tokio::time::Instant::now() < deadline))
+        .notify(|error, _| warn!(%error, "{what} failed; retrying"))
+        .await
 }
 
 async fn run_pod(

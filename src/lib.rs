@@ -2,6 +2,7 @@
 //! calls and resume later, with an audit trail.
 
 pub mod agent;
+pub mod approval_policy;
 pub mod assertion;
 pub mod chunk_store;
 pub mod cli;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::Agent;
+use crate::approval_policy::Gates;
 use super::http::{build_client, error_chain};
 use super::model::{self, ModelError, ModelRequest, RetryPolicy, ToolArguments, ToolCall};
 use crate::state::pyjson::{self, Value};
@@ -116,7 +117,7 @@ pub struct ToolCallStart<'a> {
     pub arguments: &'a Value,
     /// The exact body that will be sent (the arguments as Python-compatible JSON).
     pub body: &'a str,
-    /// Whether the tool needs approval (and this call was approved).
+    /// Whether the call runs on an approval (which the hooks check before it is sent).
     pub requires_approval: bool,
     /// Whether the tool declares repeated calls with the same key safe.
     pub idempotent: bool,
@@ -181,6 +182,7 @@ pub struct Runner {
     client: reqwest::Client,
     config: RunnerConfig,
     hooks: Option<Arc<dyn RunHooks>>,
+    gates: Gates,
 }
 
 impl fmt::Debug for Runner {
@@ -220,12 +222,20 @@ impl Runner {
             client,
             config,
             hooks: None,
+            gates: Gates::default(),
         }
     }
 
     /// Installs hooks called around side effects.
     pub fn with_hooks(mut self, hooks: Arc<dyn RunHooks>) -> Runner {
         self.hooks = Some(hooks);
+        self
+    }
+
+    /// Halts on calls of the tools `gates` match too (the ApprovalPolicies' tools, which the
+    /// controller evaluates), besides those the Agent requires approval for.
+    pub fn with_gates(mut self, gates: Gates) -> Runner {
+        self.gates = gates;
         self
     }
 
@@ -368,22 +378,23 @@ impl Runner {
                 call.name
             )));
         }
-        if tool.requires_approval() {
-            if let Some(rejected) = state.rejection(&call.id) {
-                return Ok(CallResult::Answer(
-                    rejected
-                        .message
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_REJECTION_MESSAGE.to_owned()),
-                ));
-            }
-            if !state.is_approved(&call.id) {
-                return Ok(CallResult::Defer(DeferredToolCall {
-                    tool_call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                    args: arguments,
-                }));
-            }
+        // A decision stands whatever the gates say now: a rejected call is never sent, an
+        // approved one only after its approval is checked.
+        if let Some(rejected) = state.rejection(&call.id) {
+            return Ok(CallResult::Answer(
+                rejected
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_REJECTION_MESSAGE.to_owned()),
+            ));
+        }
+        let approved = state.is_approved(&call.id);
+        if (tool.requires_approval() || self.gates.matches(&call.name)) && !approved {
+            return Ok(CallResult::Defer(DeferredToolCall {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                args: arguments,
+            }));
         }
         let body = body_of(&arguments, &json);
         let mut assertion = None;
@@ -393,7 +404,7 @@ impl Runner {
                 tool_name: &call.name,
                 arguments: &arguments,
                 body: &body,
-                requires_approval: tool.requires_approval(),
+                requires_approval: approved,
                 idempotent: tool.idempotent(),
             };
             let gate = hooks

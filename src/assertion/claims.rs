@@ -19,6 +19,12 @@ pub enum ApproverKind {
     /// repository vouches for them. `applied_by` and `gitops_commit` say who applied it and from
     /// which commit.
     Gitops,
+    /// Several people approved, each authenticated by the API server when they voted;
+    /// `approver` lists them, comma-separated.
+    Quorum,
+    /// An ApprovalPolicy approved the call without a person; `approver` is
+    /// `policy:<policy>/<rule>` (or `policy:none`).
+    Policy,
 }
 
 /// What an approval assertion states. Claim names are the serialized field names below; the
@@ -56,8 +62,11 @@ pub struct Claims {
     /// The tool endpoint, equal to `aud`.
     pub endpoint: String,
     /// The lowercase hex SHA-256 of the exact request body the worker sends (the ApprovalRequest's
-    /// `spec.argumentsDigest`).
+    /// `spec.argumentsDigest`, or `status.editedArgumentsDigest` when the approver edited them).
     pub arguments_sha256: String,
+    /// Approvals with edited arguments only: the SHA-256 of the arguments the model asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_arguments_sha256: Option<String>,
     /// The lowercase hex SHA-256 of the tool's definition the approver was shown (empty when the
     /// controller does not record one).
     #[serde(default)]

@@ -19,7 +19,8 @@
 //!     jti: "7d9f...".into(), namespace: "ops".into(), run: "r1".into(),
 //!     run_uid: "0b6c...".into(), step: 0, approval_request: "r1-call-1".into(),
 //!     tool_call_id: "call_1".into(), tool: "delete_user".into(), endpoint: endpoint.into(),
-//!     arguments_sha256: body_digest(body), tool_definition_sha256: String::new(),
+//!     arguments_sha256: body_digest(body), original_arguments_sha256: None,
+//!     tool_definition_sha256: String::new(),
 //!     approver: "alice@example.com".into(), approver_kind: ApproverKind::Verified,
 //!     applied_by: None, gitops_commit: None, decided_at: chrono::Utc::now(),
 //! }

@@ -29,6 +29,7 @@ fn claims() -> Claims {
         tool: "delete_user".into(),
         endpoint: ENDPOINT.into(),
         arguments_sha256: body_digest(BODY),
+        original_arguments_sha256: None,
         tool_definition_sha256: String::new(),
         approver: "alice@example.com".into(),
         approver_kind: ApproverKind::Verified,

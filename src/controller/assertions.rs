@@ -15,7 +15,7 @@ use super::observe::Observed;
 use super::signing::Issuer;
 use super::verify::Decider;
 use crate::assertion::{ApproverKind, Claims};
-use crate::crd::ApprovalRequest;
+use crate::crd::{ApprovalRequest, arguments_digest};
 
 /// Why no assertion was issued for a request.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,11 +58,18 @@ pub fn claims_for(
     decision: &ResolvedDecision,
 ) -> Result<Claims, NotIssued> {
     let spec = &request.spec;
-    let ResolvedKind::Approved { approver_id, .. } = &decision.kind else {
+    let ResolvedKind::Approved {
+        approver_id,
+        edited_arguments,
+        ..
+    } = &decision.kind
+    else {
         return Err(NotIssued::NotApproved);
     };
     let (approver_kind, applied_by, gitops_commit) = match &decision.decider {
         Some(Decider::Verified(_)) => (ApproverKind::Verified, None, None),
+        Some(Decider::Voters(_)) => (ApproverKind::Quorum, None, None),
+        Some(Decider::Policy) => (ApproverKind::Policy, None, None),
         Some(Decider::GitOps(gitops)) => (
             ApproverKind::Gitops,
             Some(gitops.applied_by.username.clone()),
@@ -98,7 +105,12 @@ pub fn claims_for(
         tool_call_id: spec.tool_call_id.clone(),
         tool: spec.tool_name.clone(),
         endpoint,
-        arguments_sha256: spec.arguments_digest.clone(),
+        arguments_sha256: edited_arguments
+            .as_deref()
+            .map_or_else(|| spec.arguments_digest.clone(), arguments_digest),
+        original_arguments_sha256: edited_arguments
+            .as_ref()
+            .map(|_| spec.arguments_digest.clone()),
         tool_definition_sha256: tool.definition_digest(),
         approver: approver_id.clone().unwrap_or_default(),
         approver_kind,
@@ -123,6 +135,7 @@ mod tests {
             kind: ResolvedKind::Approved {
                 approver_id: Some("alice@example.com".into()),
                 reason: Some("CR-1234".into()),
+                edited_arguments: None,
             },
             decided_at: chrono::Utc::now(),
             decider,

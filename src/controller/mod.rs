@@ -11,8 +11,9 @@
 //!    decisions applied, Events, the resolutions to record;
 //! 3. [`execute`]: the writes, with the `agentrun-controller` field manager.
 //!
-//! [`runtime`] wires the watches, caches, leader election and probes; [`agent_status`] is a second
-//! controller that keeps each Agent's status.
+//! [`runtime`] wires the watches, caches, leader election and probes; [`agent_status`] and
+//! [`policy_status`] are two more controllers, keeping each Agent's and each ApprovalPolicy's
+//! status.
 
 pub mod agent_status;
 pub mod assertions;
@@ -23,6 +24,7 @@ pub mod memory;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod policy_status;
 pub mod reconcile;
 pub mod resolutions;
 pub mod runtime;
@@ -34,13 +36,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
 
+use crate::approval_policy::CompiledPolicy;
 use crate::crd::stored_state::StoredStateError;
-use crate::crd::{Agent, ApprovalRequest};
+use crate::crd::{Agent, ApprovalPolicy, ApprovalRequest};
 pub use children::WorkerSettings;
 pub use decide::Policy;
 pub use plan::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
@@ -154,9 +158,9 @@ pub struct ControllerConfig {
 /// How many runs are reconciled at once unless configured.
 pub const DEFAULT_CONCURRENCY: u16 = 64;
 
-/// One bit per cache the controller waits for (runs, Pods, ApprovalRequests, Agents) and one for
-/// the first check of the admission policies.
-const ALL_CACHES: u8 = 0b11111;
+/// One bit per cache the controller waits for (runs, Pods, ApprovalRequests, Agents,
+/// ApprovalPolicies, Namespaces) and one for the first check of the admission policies.
+const ALL_CACHES: u8 = 0b111_1111;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -173,6 +177,9 @@ pub struct Context {
     pods: Store<Pod>,
     requests: Store<ApprovalRequest>,
     agents: Store<Agent>,
+    approval_policies: Store<ApprovalPolicy>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    compiled: moka::sync::Cache<(String, i64), Arc<CompiledPolicy>>,
     synced: Arc<AtomicU8>,
     policies: Arc<AtomicBool>,
     memory: memory::Memory,
@@ -191,5 +198,28 @@ impl Context {
     /// last check.
     pub fn policies_installed(&self) -> bool {
         self.policies.load(Ordering::Relaxed)
+    }
+
+    /// The ApprovalPolicies that select namespace `ns` (by its labels), compiled once per
+    /// policy generation.
+    pub fn policies_for(&self, ns: &str) -> Vec<Arc<CompiledPolicy>> {
+        let labels = self
+            .namespaces
+            .get(&ObjectRef::new(ns))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        self.approval_policies
+            .state()
+            .iter()
+            .map(|policy| {
+                let key = (
+                    policy.uid().unwrap_or_else(|| policy.name_any()),
+                    policy.metadata.generation.unwrap_or_default(),
+                );
+                self.compiled
+                    .get_with(key, || Arc::new(CompiledPolicy::compile(policy)))
+            })
+            .filter(|compiled| compiled.selects(&labels))
+            .collect()
     }
 }

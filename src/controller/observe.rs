@@ -16,6 +16,8 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::verify::DeciderRights;
+use crate::approval_policy::{self, CallFacts, CompiledPolicy, Requirement};
+use crate::crd::{PolicyAction, PolicyDecision};
 use super::{Context, ReconcileError, decide};
 use crate::chunk_store;
 use crate::crd::keys::annotations;
@@ -45,9 +47,11 @@ pub struct Observed {
     pub stale: bool,
     /// The admission policies that stamp and check decisions are installed.
     pub policies_installed: bool,
-    /// What the deciders of newly decided requests may do in the namespace, by request name
-    /// (asked only under strict separation of duties).
+    /// What the deciders and voters of undecided requests may do in the namespace, by stamped
+    /// username (asked only under strict separation of duties).
     pub rights: BTreeMap<String, DeciderRights>,
+    /// The ApprovalPolicies that select the run's namespace.
+    pub policies: Vec<Arc<CompiledPolicy>>,
     /// The time of the observation.
     pub now: DateTime<Utc>,
 }
@@ -57,6 +61,62 @@ impl Observed {
     pub fn approval_timeout(&self, tool: &str) -> Option<Duration> {
         let spec = self.agent_spec()?.tools.iter().find(|t| t.name == tool)?;
         crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+    }
+
+    /// Whether the Agent the run uses requires approval for `tool` (an unknown tool: yes).
+    pub fn agent_requires_approval(&self, tool: &str) -> bool {
+        self.agent_spec()
+            .and_then(|spec| spec.tools.iter().find(|t| t.name == tool))
+            .is_none_or(|t| t.requires_approval)
+    }
+
+    /// What the ApprovalPolicies selecting the run's namespace require of a call of `tool` with
+    /// `args`, if a rule matches it.
+    pub fn evaluate_policies(&self, tool: &str, args: &serde_json::Value) -> Option<Requirement> {
+        let run = &self.run;
+        approval_policy::evaluate(
+            &self.policies,
+            &CallFacts {
+                tool,
+                args,
+                agent: &run.spec.agent_ref.name,
+                namespace: run.metadata.namespace.as_deref().unwrap_or_default(),
+                run: run.metadata.name.as_deref().unwrap_or_default(),
+                labels: run.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            },
+        )
+    }
+
+    /// What a halted call of `tool` with `arguments` (its stored JSON) needs: the policies'
+    /// requirement; or, when no rule matches, `None` if the Agent requires approval (one person
+    /// decides) and an Allow recorded as `policy:none` if it does not (only a policy's tool globs
+    /// halted it).
+    pub fn requirement_for(&self, tool: &str, arguments: &str) -> Option<Requirement> {
+        // Arguments that are not plain JSON (e.g. NaN) fail the conditions: fail closed.
+        let args = serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
+        if let Some(requirement) = self.evaluate_policies(tool, &args) {
+            return Some(requirement);
+        }
+        if self.agent_requires_approval(tool) {
+            return None;
+        }
+        Some(Requirement {
+            decision: PolicyDecision {
+                action: PolicyAction::Allow,
+                note: Some(format!(
+                    "no ApprovalPolicy rule matched this call, and Agent {} does not require approval for {tool}",
+                    self.run.spec.agent_ref.name
+                )),
+                ..Default::default()
+            },
+            required_approvals: None,
+            approvers: None,
+        })
+    }
+
+    /// The tool globs the run's workers halt on for the policies.
+    pub fn approval_gates(&self) -> Vec<String> {
+        approval_policy::gates(&self.policies)
     }
 
     /// The run's creator, as the admission policy stamped it at creation.
@@ -112,10 +172,13 @@ impl Observed {
             stale: false,
             policies_installed: true,
             rights: BTreeMap::new(),
+            policies: vec![],
             now: Utc::now(),
         }
     }
 }
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// Observes `run`. The returned permit, when there is one, bounds how many large states are in
 /// memory at once: hold it until the reconcile is done.
@@ -142,6 +205,7 @@ pub async fn observe(
         stale: ctx.memory.is_stale(run),
         policies_installed: ctx.policies_installed(),
         rights: BTreeMap::new(),
+        policies: ctx.policies_for(&ns),
         now: Utc::now(),
     };
     let mut permit = None;
@@ -198,28 +262,37 @@ fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
         .collect()
 }
 
-/// Under strict separation of duties: what the decider of each newly decided request may do in
-/// `ns` (two SubjectAccessReviews each, for the stamped identity).
+/// Under strict separation of duties: what the decider or voters of each undecided request may do
+/// in `ns` (two SubjectAccessReviews per stamped identity).
 async fn decider_rights(
     ctx: &Context,
     ns: &str,
     requests: &[ApprovalRequest],
 ) -> Result<BTreeMap<String, DeciderRights>, ReconcileError> {
     let reviews: Api<SubjectAccessReview> = Api::all(ctx.client.clone());
-    let mut rights = BTreeMap::new();
+    let mut stamps: BTreeMap<String, DecidedBy> = BTreeMap::new();
     for request in requests {
         let undecided = request
             .status
             .as_ref()
             .and_then(|s| s.phase)
             .is_none_or(|p| !p.is_final());
-        let stamp = request
-            .annotations()
-            .get(annotations::DECIDED_BY)
-            .and_then(|text| DecidedBy::parse(text).ok());
-        let (true, Some(_), Some(stamp)) = (undecided, request.spec.decision, stamp) else {
+        if !undecided {
             continue;
-        };
+        }
+        let decision_stamp = request
+            .spec
+            .decision
+            .and(request.annotations().get(annotations::DECIDED_BY));
+        let vote_stamps = request.spec.votes.values().filter_map(|v| v.decided_by.as_ref());
+        for text in decision_stamp.into_iter().chain(vote_stamps) {
+            if let Ok(stamp) = DecidedBy::parse(text) {
+                stamps.entry(stamp.username.clone()).or_insert(stamp);
+            }
+        }
+    }
+    let mut rights = BTreeMap::new();
+    for (username, stamp) in stamps {
         let allowed = |group: &str, resource: &str, verb: &str| {
             let review = SubjectAccessReview {
                 spec: SubjectAccessReviewSpec {
@@ -246,7 +319,7 @@ async fn decider_rights(
         let create_runs = allowed(crate::crd::GROUP, "agentruns", "create").await?;
         let impersonate_service_accounts = allowed("", "serviceaccounts", "impersonate").await?;
         rights.insert(
-            request.name_any(),
+            username,
             DeciderRights {
                 create_runs,
                 impersonate_service_accounts,

@@ -12,7 +12,7 @@ use super::verify::{Decider, Refusal};
 use crate::crd::status_patch::{ApprovalRequestStatusPatch, StatusPatch};
 use crate::crd::{
     ApprovalPhase, ApprovalRequest, ConditionStatus, ConditionType, GitOpsDecision,
-    VerifiedIdentity, new_condition, set_condition,
+    VerifiedIdentity, arguments_digest, new_condition, set_condition,
 };
 use crate::time::to_k8s;
 
@@ -31,6 +31,10 @@ pub struct Resolution {
     pub identity: Option<VerifiedIdentity>,
     /// A GitOps decision: its commit and who applied it.
     pub gitops: Option<GitOpsDecision>,
+    /// A quorum's decision: whose votes counted.
+    pub voters: Option<Vec<VerifiedIdentity>>,
+    /// Approved with edited arguments: their digest.
+    pub edited_arguments_digest: Option<String>,
     /// Approved only, when the controller signs assertions: the signed approval assertion.
     pub assertion: Option<String>,
 }
@@ -38,10 +42,18 @@ pub struct Resolution {
 impl Resolution {
     /// The resolution of `decision` on `request`.
     pub fn of(decision: &ResolvedDecision, request: Option<&ApprovalRequest>) -> Resolution {
-        let (identity, gitops) = match &decision.decider {
-            Some(Decider::Verified(identity)) => (Some(identity.clone()), None),
-            Some(Decider::GitOps(gitops)) => (None, Some(gitops.clone())),
-            Some(Decider::Claimed) | None => (None, None),
+        let (identity, gitops, voters) = match &decision.decider {
+            Some(Decider::Verified(identity)) => (Some(identity.clone()), None, None),
+            Some(Decider::GitOps(gitops)) => (None, Some(gitops.clone()), None),
+            Some(Decider::Voters(voters)) => (None, None, Some(voters.clone())),
+            Some(Decider::Claimed | Decider::Policy) | None => (None, None, None),
+        };
+        let edited_arguments_digest = match &decision.kind {
+            ResolvedKind::Approved {
+                edited_arguments: Some(edited),
+                ..
+            } => Some(arguments_digest(edited)),
+            _ => None,
         };
         Resolution {
             request: decision.request.clone(),
@@ -50,6 +62,8 @@ impl Resolution {
             decided_at: decision.decided_at,
             identity,
             gitops,
+            voters,
+            edited_arguments_digest,
             assertion: None,
         }
     }
@@ -63,6 +77,8 @@ impl Resolution {
                 decided_at: Some(to_k8s(self.decided_at)),
                 verified_identity: self.identity.clone(),
                 gitops: self.gitops.clone(),
+                voters: self.voters.clone(),
+                edited_arguments_digest: self.edited_arguments_digest.clone(),
                 assertion: self.assertion.clone(),
                 ..Default::default()
             },

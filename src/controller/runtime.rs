@@ -7,22 +7,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, future};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::core::PartialObjectMeta;
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::{
     ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
-    metrics, reconcile, state_cache,
+    metrics, policy_status, reconcile, state_cache,
 };
 use crate::crd::keys::{field_managers, labels};
-use crate::crd::{Agent, AgentRun, ApprovalRequest, ConditionType, Reason};
+use crate::crd::{Agent, AgentRun, ApprovalPolicy, ApprovalRequest, ConditionType, Reason};
 
 /// The runs' cache lists this many at a time, so that the initial list of many large runs never
 /// sits in memory at once (each run is stripped of its state as it arrives).
@@ -42,6 +43,13 @@ const REQUESTS: u8 = 0b0100;
 const AGENTS: u8 = 0b1000;
 /// Set once the admission policies were checked for the first time.
 const POLICIES_CHECKED: u8 = 0b10000;
+const APPROVAL_POLICIES: u8 = 0b10_0000;
+const NAMESPACES: u8 = 0b100_0000;
+
+/// ApprovalPolicy events buffered for each of the policies' two consumers.
+const POLICY_EVENT_BUFFER: usize = 64;
+/// Compiled ApprovalPolicies kept (one per policy generation).
+const COMPILED_POLICIES: u64 = 1024;
 
 /// Checks the CRDs are served, serves metrics and probes, takes the leader lease when configured,
 /// then runs the controller until a shutdown signal (or until it loses the lease).
@@ -190,6 +198,33 @@ async fn run_controllers(
     .reflect_shared(agent_writer)
     .inspect_ok(synced(&probe, AGENTS))
     .for_each(|_| future::ready(()));
+    // ApprovalPolicies are shared by the runs' controller (evaluated on each halt) and the
+    // policies' status controller; the namespaces' labels select which policies apply.
+    let (policy_reader, policy_writer) = reflector::store_shared(POLICY_EVENT_BUFFER);
+    let Some(policies_for_status) = policy_writer.subscribe() else {
+        warn!("the ApprovalPolicies' cache cannot be shared; the controller does not start");
+        return;
+    };
+    let policy_watch = watcher(Api::<ApprovalPolicy>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|p: &mut ApprovalPolicy| p.managed_fields_mut().clear())
+        .reflect_shared(policy_writer)
+        .inspect_ok(synced(&probe, APPROVAL_POLICIES))
+        .for_each(|_| future::ready(()));
+    let (namespace_reader, namespace_writer) = reflector::store();
+    let namespace_config = match &config.namespace {
+        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        None => watcher::Config::default(),
+    };
+    let namespace_watch = watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        namespace_config,
+    )
+        .default_backoff()
+        .modify(|n| n.managed_fields_mut().clear())
+        .reflect(namespace_writer)
+        .inspect_ok(synced(&probe, NAMESPACES))
+        .for_each(|_| future::ready(()));
     let waiting_for_agent = run_reader.clone();
     let agent_mapper = move |agent: Arc<Agent>| {
         let ns = agent.namespace();
@@ -232,6 +267,9 @@ async fn run_controllers(
         pods: pod_reader,
         requests: request_reader,
         agents: agent_reader.clone(),
+        approval_policies: policy_reader.clone(),
+        namespaces: namespace_reader,
+        compiled: moka::sync::Cache::new(COMPILED_POLICIES),
         synced: probe.synced.clone(),
         policies: policies.clone(),
         memory: memory::Memory::default(),
@@ -256,13 +294,28 @@ async fn run_controllers(
         .run(
             agent_status::reconcile,
             agent_status::error_policy,
-            Arc::new(agent_status::Context { client }),
+            Arc::new(agent_status::Context {
+                client: client.clone(),
+            }),
+        )
+        .for_each(|_| future::ready(()));
+    let policy_statuses = Controller::for_shared_stream(policies_for_status, policy_reader)
+        .shutdown_on_signal()
+        .run(
+            policy_status::reconcile,
+            policy_status::error_policy,
+            Arc::new(policy_status::Context {
+                client: client.clone(),
+            }),
         )
         .for_each(|_| future::ready(()));
     tokio::select! {
         () = runs => {}
         () = statuses => {}
+        () = policy_statuses => {}
         () = agent_watch => {}
+        () = policy_watch => {}
+        () = namespace_watch => {}
     }
     info!("agentrun controller stopped");
 }

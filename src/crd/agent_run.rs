@@ -170,6 +170,12 @@ pub struct AgentRunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub created_by: Option<String>,
+    /// The tool names (with `*` globs) the ApprovalPolicies selecting the run's namespace have
+    /// rules for, written by the controller when it starts a step: the worker halts on their
+    /// calls (as on those its Agent requires approval for) so that the controller evaluates them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096), inner(length(max = 128)))]
+    pub approval_gates: Vec<String>,
     /// Tool calls a worker started (recorded before each call is sent), for at-most-once
     /// execution: after a crash the next worker does not silently call them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

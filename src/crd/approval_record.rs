@@ -81,6 +81,14 @@ pub struct ApprovalRecordSpec {
     /// A GitOps decision: the commit and the identity that applied it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOpsDecision>,
+    /// A quorum's decision: the identities whose votes counted, as the API server stamped them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub voters: Vec<VerifiedIdentity>,
+    /// Approved with edited arguments: the SHA-256 of the arguments the tool received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub edited_arguments_digest: Option<String>,
     /// Whether the call ran (the run's state holds the tool's answer to the approved call);
     /// absent when the state could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +116,8 @@ impl ApprovalRecord {
                 decided_at: status.decided_at,
                 verified_identity: status.verified_identity,
                 gitops: status.gitops,
+                voters: status.voters,
+                edited_arguments_digest: status.edited_arguments_digest,
                 executed,
             },
         );

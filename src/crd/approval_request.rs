@@ -9,6 +9,7 @@
 //!
 //! CEL rules in the CRD keep the request fields immutable and make a decision final.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::CrdError;
+use super::approval_policy::{Approvers, MAX_REQUIRED_APPROVALS, PolicyDecision};
 
 /// The longest `spec.arguments` the API server accepts, in characters.
 pub const MAX_ARGUMENTS_LENGTH: usize = 1_048_576;
@@ -31,8 +33,18 @@ pub const MAX_DECISION_TEXT_LENGTH: usize = 4096;
 /// The longest `status.assertion` the API server accepts.
 pub const MAX_ASSERTION_LENGTH: usize = 16_384;
 
+/// The message refusing a decision on a request a policy decided.
+pub const POLICY_DECIDED_MESSAGE: &str =
+    "an ApprovalPolicy decided this request (see spec.policy): it takes no decision";
+/// The message refusing a single decision on a request that needs several approvals.
+pub const QUORUM_DECISION_MESSAGE: &str = "this request needs several approvals (spec.requiredApprovals): add your vote under spec.votes instead of setting decision";
+/// The message refusing votes on a request that needs one approval.
+pub const VOTES_ONLY_FOR_QUORUM_MESSAGE: &str = "votes are only for requests that need several approvals (spec.requiredApprovals above 1); decide this one with decision";
+/// The message refusing a change or removal of a vote.
+pub const VOTE_FINAL_MESSAGE: &str = "a vote is final: it cannot be changed or removed";
+
 /// The message of the CEL rule that makes a decision final.
-pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approverId, reason and message cannot change once decision is set";
+pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approverId, reason, message and editedArguments cannot change once decision is set";
 
 /// One tool call waiting for a person's decision. The request fields are written once by the
 /// controller; the decision fields are written once by a person.
@@ -85,11 +97,16 @@ pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approve
         "!has(self.spec.decision) || has(oldSelf.spec.decision) || !has(self.status) || !has(self.status.phase) || !(self.status.phase in ['Expired', 'Superseded'])"
     )
     .message("this request is Expired or Superseded: it can no longer be decided")
-    .field_path(".spec.decision")
+    .field_path(".spec.decision"),
+    validation = Rule::new(
+        "(has(self.spec.votes) ? size(self.spec.votes) : 0) <= (has(oldSelf.spec.votes) ? size(oldSelf.spec.votes) : 0) || !has(self.status) || !has(self.status.phase) || self.status.phase == 'Pending'"
+    )
+    .message("this request is no longer Pending: no more votes can be added")
+    .field_path(".spec.votes")
 )]
 #[x_kube(
     validation = Rule::new(
-        "!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision && has(self.approverId) == has(oldSelf.approverId) && (!has(self.approverId) || self.approverId == oldSelf.approverId) && has(self.reason) == has(oldSelf.reason) && (!has(self.reason) || self.reason == oldSelf.reason) && has(self.message) == has(oldSelf.message) && (!has(self.message) || self.message == oldSelf.message))"
+        "!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision && has(self.approverId) == has(oldSelf.approverId) && (!has(self.approverId) || self.approverId == oldSelf.approverId) && has(self.reason) == has(oldSelf.reason) && (!has(self.reason) || self.reason == oldSelf.reason) && has(self.message) == has(oldSelf.message) && (!has(self.message) || self.message == oldSelf.message) && has(self.editedArguments) == has(oldSelf.editedArguments) && (!has(self.editedArguments) || self.editedArguments == oldSelf.editedArguments))"
     ).message(DECISION_FINAL_MESSAGE),
     validation = Rule::new("!has(self.decision) || has(self.approverId)")
         .message("approverId is required with decision")
@@ -103,6 +120,30 @@ pub const DECISION_FINAL_MESSAGE: &str = "a decision is final: decision, approve
     validation = Rule::new("has(self.runCreator) == has(oldSelf.runCreator)")
         .message("runCreator is immutable")
         .field_path(".runCreator"),
+    validation = Rule::new("has(self.policy) == has(oldSelf.policy)")
+        .message("policy is immutable")
+        .field_path(".policy"),
+    validation = Rule::new("has(self.requiredApprovals) == has(oldSelf.requiredApprovals)")
+        .message("requiredApprovals is immutable")
+        .field_path(".requiredApprovals"),
+    validation = Rule::new("has(self.approvers) == has(oldSelf.approvers)")
+        .message("approvers is immutable")
+        .field_path(".approvers"),
+    validation = Rule::new("!has(self.decision) || !has(self.policy) || self.policy.action == 'Require'")
+        .message(POLICY_DECIDED_MESSAGE)
+        .field_path(".decision"),
+    validation = Rule::new("!has(self.decision) || !has(self.requiredApprovals) || self.requiredApprovals <= 1")
+        .message(QUORUM_DECISION_MESSAGE)
+        .field_path(".decision"),
+    validation = Rule::new("!has(self.votes) || (has(self.requiredApprovals) && self.requiredApprovals > 1)")
+        .message(VOTES_ONLY_FOR_QUORUM_MESSAGE)
+        .field_path(".votes"),
+    validation = Rule::new("!has(oldSelf.votes) || has(self.votes)")
+        .message(VOTE_FINAL_MESSAGE)
+        .field_path(".votes"),
+    validation = Rule::new("!has(self.editedArguments) || (has(self.decision) && self.decision == 'Approved')")
+        .message("editedArguments is only allowed with decision Approved")
+        .field_path(".editedArguments"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalRequestSpec {
@@ -148,6 +189,33 @@ pub struct ApprovalRequestSpec {
     #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("toolDefinitionDigest is immutable"))]
     pub tool_definition_digest: Option<String>,
+    /// What the ApprovalPolicies decided about the call, when a policy applies (or when no rule
+    /// matched a call only a policy halted). Allow and Deny decide the request without a person.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("policy is immutable"))]
+    pub policy: Option<PolicyDecision>,
+    /// How many distinct people must approve the call (from the policy rule; absent: 1). Above 1,
+    /// people vote under `votes` instead of setting `decision`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_REQUIRED_APPROVALS))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("requiredApprovals is immutable"))]
+    pub required_approvals: Option<u32>,
+    /// Who may decide the call (from the policy rule), enforced by the admission policy. Absent:
+    /// anyone allowed to decide ApprovalRequests in the namespace. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("approvers is immutable"))]
+    pub approvers: Option<Approvers>,
+    /// Requests needing several approvals: one vote per person, keyed by the voter's exact
+    /// username (the admission policy allows adding only your own). A vote is final. The request
+    /// is approved when `requiredApprovals` distinct people approved it; any rejection rejects it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(
+        validation = Rule::new("oldSelf.all(k, k in self && self[k] == oldSelf[k])").message(VOTE_FINAL_MESSAGE),
+        validation = Rule::new("self.all(k, size(k) > 0 && size(k) <= 512)").message("a vote's key is the voter's username (1 to 512 characters)")
+    )]
+    pub votes: BTreeMap<String, Vote>,
     /// The decision: Approved or Rejected. Set once, by a person; it cannot change afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
@@ -164,6 +232,12 @@ pub struct ApprovalRequestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_DECISION_TEXT_LENGTH))]
     pub message: Option<String>,
+    /// Approved only: the JSON object of arguments the approver approved instead of the model's
+    /// (e.g. `{"amount": 50}`). Checked against the tool's schema and the ApprovalPolicies again;
+    /// the tool receives these, and the model's history shows them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = MAX_ARGUMENTS_LENGTH))]
+    pub edited_arguments: Option<String>,
 }
 
 impl ApprovalRequestSpec {
@@ -171,11 +245,52 @@ impl ApprovalRequestSpec {
     pub fn digest_matches(&self) -> bool {
         arguments_digest(&self.arguments) == self.arguments_digest
     }
+
+    /// How many distinct approvals the request needs (at least 1).
+    pub fn approvals_needed(&self) -> u32 {
+        self.required_approvals.unwrap_or(1).max(1)
+    }
+
+    /// Whether people decide by voting (more than one approval needed).
+    pub fn is_quorum(&self) -> bool {
+        self.approvals_needed() > 1
+    }
+
+    /// The decision a policy made without a person (Allow or Deny), if one did.
+    pub fn policy_decision(&self) -> Option<&PolicyDecision> {
+        self.policy.as_ref().filter(|p| p.decides())
+    }
 }
 
 /// The lowercase hex SHA-256 of a call's arguments string, as stored in `spec.argumentsDigest`.
 pub fn arguments_digest(arguments: &str) -> String {
     hex::encode(Sha256::digest(arguments.as_bytes()))
+}
+
+/// One person's vote on a request that needs several approvals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("!has(self.message) || self.decision == 'Rejected'")
+        .message("message is only allowed with decision Rejected (it is shown to the model); use reason for the audit trail")
+        .field_path(".message")
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Vote {
+    /// Approved or Rejected.
+    pub decision: Decision,
+    /// Why, for the audit trail. Never shown to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DECISION_TEXT_LENGTH))]
+    pub reason: Option<String>,
+    /// Rejected only: what the model is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DECISION_TEXT_LENGTH))]
+    pub message: Option<String>,
+    /// Written by the admission policy, never by hand: the identity that cast the vote, as the
+    /// API server authenticated it (the JSON of `agentrun.dev/decided-by`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16384))]
+    pub decided_by: Option<String>,
 }
 
 /// A reference to the AgentRun a request belongs to.
@@ -250,6 +365,16 @@ pub struct ApprovalRequestStatus {
     /// and the identity that applied it. The approverId is then claimed, not verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOpsDecision>,
+    /// Requests needing several approvals: the identities whose votes counted (the approvers
+    /// once approved, the rejecter once rejected), as the API server stamped them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub voters: Vec<VerifiedIdentity>,
+    /// Approved with edited arguments: the SHA-256 (lowercase hex) of the arguments the tool
+    /// receives (the edit, as stored in the run's state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub edited_arguments_digest: Option<String>,
     /// Approved only, when the controller signs approval assertions: the signed assertion (a
     /// compact JWS) the worker sends to the tool in the `Agentrun-Approval` header, so that the
     /// tool can verify the approval itself (see docs/security.md).

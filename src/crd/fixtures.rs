@@ -135,13 +135,12 @@ impl ApprovalRequest {
                 tool_name: call.tool_name.clone(),
                 arguments_digest: arguments_digest(&arguments),
                 arguments,
-                run_creator: None,
                 tool_endpoint: Some(tool.endpoint().to_owned()),
                 tool_definition_digest: Some(tool.definition_digest()),
                 decision,
                 approver_id: decision.map(|_| "alice@example.com".into()),
                 reason: decision.map(|_| "CR-1234".into()),
-                message: None,
+                ..Default::default()
             },
         );
         request.metadata.namespace = Some("ns".into());

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod agent_run;
+pub mod approval_policy;
 pub mod approval_record;
 pub mod approval_request;
 pub mod conditions;
@@ -19,6 +20,7 @@ pub mod keys;
 pub mod names;
 pub mod policy;
 pub mod reasons;
+pub mod request_decision;
 pub mod run_state_chunk;
 pub mod status_patch;
 pub mod stored_state;
@@ -38,10 +40,14 @@ pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
     ToolCallRecord, WorkerOverrides,
 };
+pub use approval_policy::{
+    ApprovalPolicy, ApprovalPolicySpec, ApprovalPolicyStatus, ApprovalRule, Approvers, PolicyAction,
+    PolicyDecision,
+};
 pub use approval_record::{ApprovalRecord, ApprovalRecordSpec};
 pub use approval_request::{
     AgentRunRef, ApprovalPhase, ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus,
-    Decision, GitOpsDecision, VerifiedIdentity, arguments_digest,
+    Decision, GitOpsDecision, VerifiedIdentity, Vote, arguments_digest,
 };
 pub use conditions::{
     ConditionStatus, find_condition, is_condition_true, new_condition, remove_condition,
@@ -185,6 +191,11 @@ pub fn custom_resource_definitions() -> Vec<(&'static str, &'static str, CustomR
             "approvalrecord.yaml",
             "ApprovalRecord",
             ApprovalRecord::crd(),
+        ),
+        (
+            "approvalpolicy.yaml",
+            "ApprovalPolicy",
+            ApprovalPolicy::crd(),
         ),
         ("runstatechunk.yaml", "RunStateChunk", RunStateChunk::crd()),
     ];
@@ -355,7 +366,7 @@ mod tests {
     fn crd_names_scope_and_labels() {
         for (file, kind, crd) in custom_resource_definitions() {
             assert_eq!(crd.spec.group, GROUP, "{file}");
-            let scope = if kind == "ApprovalRecord" {
+            let scope = if kind == "ApprovalRecord" || kind == "ApprovalPolicy" {
                 "Cluster"
             } else {
                 "Namespaced"
@@ -524,7 +535,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("nested/crds");
         let paths = write_crds(&out).unwrap();
-        assert_eq!(paths.len(), 7);
+        assert_eq!(paths.len(), 8);
         for generated in generate().unwrap() {
             let text = std::fs::read_to_string(out.join(generated.file_name)).unwrap();
             assert_eq!(text, generated.yaml);

@@ -45,6 +45,13 @@ pub enum Reason {
     UnverifiedDecision,
     /// A decision was not applied: the approver may not decide this run.
     SeparationOfDuties,
+    /// A decision was not applied: the ApprovalPolicy rule restricts who may decide the call, and
+    /// the approver is not among them.
+    NotAnApprover,
+    /// An ApprovalPolicy's rules all compiled.
+    Compiled,
+    /// An ApprovalPolicy has a rule whose tools or condition do not compile.
+    CompileError,
 }
 
 /// The reason of an Event the controller publishes.
@@ -72,8 +79,11 @@ pub enum EventReason {
     ToolOutcomeUnknown,
     /// The RunState or a call differs from what was approved: the run failed.
     TamperedState,
-    /// A decision was not applied (unverified, or against separation of duties).
+    /// A decision was not applied (unverified, against separation of duties, or by someone the
+    /// policy does not allow).
     DecisionRefused,
+    /// An ApprovalPolicy decided a call (Allow or Deny) without a person.
+    PolicyDecided,
 }
 
 #[cfg(test)]

@@ -107,6 +107,9 @@ pub struct AgentRunStatusPatch {
     /// `toolCalls`, the whole list.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallRecord>>,
+    /// `approvalGates`, the whole list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_gates: Option<Vec<String>>,
 }
 
 /// A merge patch of an ApprovalRequest's status.
@@ -134,6 +137,12 @@ pub struct ApprovalRequestStatusPatch {
     /// `assertion`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub assertion: Option<String>,
+    /// `voters`, the whole list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voters: Option<Vec<VerifiedIdentity>>,
+    /// `editedArgumentsDigest`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edited_arguments_digest: Option<String>,
 }
 
 #[cfg(test)]

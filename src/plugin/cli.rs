@@ -48,7 +48,8 @@ pub enum Command {
     List(ListArgs),
     /// Show a run's conversation so far and the tool calls waiting for a decision.
     Show(ShowArgs),
-    /// Approve an ApprovalRequest as the current identity (what `kubectl auth whoami` shows).
+    /// Approve an ApprovalRequest as the current identity (what `kubectl auth whoami` shows); on a
+    /// request that needs several approvals, add your vote.
     Approve(ApproveArgs),
     /// Reject an ApprovalRequest as the current identity; the model is told --message.
     Reject(RejectArgs),
@@ -128,6 +129,10 @@ pub struct ApproveArgs {
     /// Why, for the audit trail (e.g. a change ticket); never shown to the model.
     #[arg(long)]
     pub reason: String,
+    /// Approve the call with these arguments instead of the model's (a JSON object, e.g.
+    /// '{"amount": 50}'); checked against the tool's schema and the ApprovalPolicies again.
+    #[arg(long, value_name = "JSON")]
+    pub edit_arguments: Option<String>,
     /// GitOps preparation instead of a change.
     #[command(flatten)]
     pub dry_run: DryRunArgs,

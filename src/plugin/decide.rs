@@ -1,6 +1,7 @@
 //! `kubectl agentrun approve` and `reject`: a decision written as exactly the merge patch a
-//! person would write by hand, with `approverId` taken from the current identity; or, with
-//! `--dry-run`, the manifest to commit for a GitOps decision.
+//! person would write by hand, with `approverId` taken from the current identity (on a request
+//! that needs several approvals, the person's vote under `spec.votes`); or, with `--dry-run`, the
+//! manifest to commit for a GitOps decision.
 
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -8,8 +9,10 @@ use serde_json::{Map, Value, json};
 
 use super::cli::{ApproveArgs, DryRunArgs, ManifestFormat, RejectArgs};
 use super::{FIELD_MANAGER, PluginError, Session, render_manifest};
-use crate::crd::approval_request::{MAX_DECISION_TEXT_LENGTH, MAX_IDENTITY_LENGTH};
-use crate::crd::{API_VERSION, ApprovalPhase, ApprovalRequest, Decision};
+use crate::crd::approval_request::{
+    MAX_ARGUMENTS_LENGTH, MAX_DECISION_TEXT_LENGTH, MAX_IDENTITY_LENGTH,
+};
+use crate::crd::{API_VERSION, ApprovalPhase, ApprovalRequest, Decision, PolicyAction};
 
 pub use crate::crd::policy::GITOPS_COMMIT_ANNOTATION;
 /// The annotation value `--dry-run` writes when no `--commit` is given: replace it with the
@@ -25,6 +28,8 @@ pub struct DecisionInput {
     pub reason: String,
     /// Rejected only: what the model is told.
     pub message: Option<String>,
+    /// Approved only: the arguments approved instead of the model's (a JSON object).
+    pub edited_arguments: Option<String>,
 }
 
 impl DecisionInput {
@@ -33,6 +38,24 @@ impl DecisionInput {
         check_text("--reason", &self.reason, MAX_DECISION_TEXT_LENGTH)?;
         if let Some(message) = &self.message {
             check_text("--message", message, MAX_DECISION_TEXT_LENGTH)?;
+        }
+        if let Some(edited) = &self.edited_arguments {
+            check_text("--edit-arguments", edited, MAX_ARGUMENTS_LENGTH)?;
+            match serde_json::from_str::<Value>(edited) {
+                Ok(Value::Object(_)) => {}
+                Ok(_) => {
+                    return Err(PluginError::Usage {
+                        flag: "--edit-arguments",
+                        problem: "must be a JSON object, e.g. '{\"amount\": 50}'".to_owned(),
+                    });
+                }
+                Err(e) => {
+                    return Err(PluginError::Usage {
+                        flag: "--edit-arguments",
+                        problem: format!("is not JSON: {e}"),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -46,7 +69,22 @@ impl DecisionInput {
         if let Some(message) = &self.message {
             spec.insert("message".into(), json!(message));
         }
+        if let Some(edited) = &self.edited_arguments {
+            spec.insert("editedArguments".into(), json!(edited));
+        }
         spec
+    }
+
+    /// The merge patch adding `voter`'s vote (on a request that needs several approvals):
+    /// `{"spec":{"votes":{"<user>":{"decision":"Approved","reason":"<why>"}}}}`.
+    pub fn vote_patch(&self, voter: &str) -> Value {
+        let mut vote = Map::new();
+        vote.insert("decision".into(), json!(self.decision.as_str()));
+        vote.insert("reason".into(), json!(self.reason));
+        if let Some(message) = &self.message {
+            vote.insert("message".into(), json!(message));
+        }
+        json!({"spec": {"votes": {voter: vote}}})
     }
 
     /// The merge patch a person would write by hand:
@@ -96,10 +134,20 @@ fn check_text(flag: &'static str, value: &str, max: usize) -> Result<(), PluginE
     Ok(())
 }
 
-/// Refuses a request that already has a decision (decisions are final) or that the controller
-/// closed as Expired or Superseded.
+/// Refuses a request that already has a decision (decisions are final), that a policy decided,
+/// or that the controller closed as Expired or Superseded.
 pub fn check_decidable(request: &ApprovalRequest) -> Result<(), PluginError> {
     let name = request.name_any();
+    if let Some(policy) = request.spec.policy_decision() {
+        return Err(PluginError::AlreadyDecided {
+            name,
+            decision: match policy.action {
+                PolicyAction::Deny => Decision::Rejected.to_string(),
+                _ => Decision::Approved.to_string(),
+            },
+            approver: policy.approver_id(),
+        });
+    }
     if let Some(decision) = request.spec.decision {
         return Err(PluginError::AlreadyDecided {
             name,
@@ -163,6 +211,9 @@ pub async fn decide(
     }
     let request = session.request(name).await?;
     check_decidable(&request)?;
+    if request.spec.is_quorum() {
+        return vote(session, &request, input, dry_run, output).await;
+    }
     if dry_run.dry_run {
         let approver = match &dry_run.approver_id {
             Some(approver) => approver.clone(),
@@ -205,12 +256,76 @@ pub async fn decide(
     }
 }
 
+/// Adds the current identity's vote to `request`, which needs several approvals.
+async fn vote(
+    session: &Session,
+    request: &ApprovalRequest,
+    input: &DecisionInput,
+    dry_run: &DryRunArgs,
+    output: Option<ManifestFormat>,
+) -> Result<String, PluginError> {
+    let name = request.name_any();
+    let needed = request.spec.approvals_needed();
+    if dry_run.dry_run {
+        return Err(PluginError::Usage {
+            flag: "--dry-run",
+            problem: format!(
+                "{name} needs {needed} approvals: each approver votes as themselves, which a GitOps identity cannot do for them"
+            ),
+        });
+    }
+    if input.edited_arguments.is_some() {
+        return Err(PluginError::Usage {
+            flag: "--edit-arguments",
+            problem: format!(
+                "{name} needs {needed} approvals: arguments can be edited only on a request one person decides"
+            ),
+        });
+    }
+    let voter = session.username().await?;
+    if let Some(existing) = request.spec.votes.get(&voter) {
+        return Err(PluginError::AlreadyDecided {
+            name,
+            decision: format!("your vote: {}", existing.decision),
+            approver: voter,
+        });
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    let mut updated = session
+        .requests()
+        .patch(&name, &params, &Patch::Merge(&input.vote_patch(&voter)))
+        .await
+        .map_err(|e| PluginError::api(format!("patch approvalrequest {name}"), &e))?;
+    if let Some(format) = output {
+        updated.managed_fields_mut().clear();
+        return render_manifest(&updated, format, "the approval request");
+    }
+    let approvals = updated
+        .spec
+        .votes
+        .values()
+        .filter(|v| v.decision == Decision::Approved)
+        .count();
+    Ok(match input.decision {
+        Decision::Approved => format!(
+            "approvalrequest.agentrun.dev/{name}: {voter} voted Approved ({approvals} of {needed} approvals)\n"
+        ),
+        Decision::Rejected => {
+            format!("approvalrequest.agentrun.dev/{name}: {voter} voted Rejected (a rejection rejects it)\n")
+        }
+    })
+}
+
 /// Runs `approve`.
 pub async fn approve(session: &Session, args: &ApproveArgs) -> Result<String, PluginError> {
     let input = DecisionInput {
         decision: Decision::Approved,
         reason: args.reason.clone(),
         message: None,
+        edited_arguments: args.edit_arguments.clone(),
     };
     decide(session, &args.request, &input, &args.dry_run, args.output).await
 }
@@ -221,6 +336,7 @@ pub async fn reject(session: &Session, args: &RejectArgs) -> Result<String, Plug
         decision: Decision::Rejected,
         reason: args.reason.clone(),
         message: Some(args.message.clone()),
+        edited_arguments: None,
     };
     decide(session, &args.request, &input, &args.dry_run, args.output).await
 }
@@ -235,6 +351,7 @@ mod tests {
             decision: Decision::Approved,
             reason: reason.into(),
             message: None,
+            edited_arguments: None,
         }
     }
 
@@ -265,6 +382,7 @@ mod tests {
             decision: Decision::Rejected,
             reason: "policy".into(),
             message: Some("Not authorized".into()),
+            edited_arguments: None,
         };
         assert_eq!(
             reject.merge_patch("bob@example.com").to_string(),
@@ -336,6 +454,7 @@ mod tests {
             decision: Decision::Rejected,
             reason: "r".into(),
             message: Some(String::new()),
+            edited_arguments: None,
         };
         assert!(
             reject
@@ -345,5 +464,43 @@ mod tests {
                 .contains("--message")
         );
         assert!(approve("CR-1").validate().is_ok());
+    }
+
+    #[test]
+    fn votes_and_edits_are_the_patches_a_person_writes() {
+        let vote = DecisionInput {
+            decision: Decision::Rejected,
+            reason: "too much".into(),
+            message: Some("No.".into()),
+            edited_arguments: None,
+        };
+        assert_eq!(
+            vote.vote_patch("bob@example.com").to_string(),
+            r#"{"spec":{"votes":{"bob@example.com":{"decision":"Rejected","reason":"too much","message":"No."}}}}"#
+        );
+        let mut edit = approve("capped");
+        edit.edited_arguments = Some(r#"{"amount": 50}"#.into());
+        assert!(edit.validate().is_ok());
+        assert_eq!(
+            edit.merge_patch("alice").to_string(),
+            r#"{"spec":{"decision":"Approved","approverId":"alice","reason":"capped","editedArguments":"{\"amount\": 50}"}}"#
+        );
+        edit.edited_arguments = Some("[50]".into());
+        assert!(edit.validate().unwrap_err().to_string().contains("JSON object"));
+        edit.edited_arguments = Some("{".into());
+        assert!(edit.validate().unwrap_err().to_string().contains("not JSON"));
+    }
+
+    #[test]
+    fn a_request_a_policy_decided_takes_no_decision() {
+        let mut decided = request();
+        decided.spec.policy = Some(crate::crd::PolicyDecision {
+            name: Some("prod".into()),
+            rule: Some("no-drops".into()),
+            action: PolicyAction::Deny,
+            ..Default::default()
+        });
+        let err = check_decidable(&decided).unwrap_err().to_string();
+        assert!(err.contains("Rejected by policy:prod/no-drops"), "{err}");
     }
 }

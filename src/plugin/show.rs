@@ -62,6 +62,12 @@ pub struct PendingCall {
     pub decision: Option<String>,
     /// Who set that decision.
     pub approver_id: Option<String>,
+    /// What the ApprovalPolicies set for the call: e.g. `2 approvals (policy:prod/big-refunds)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requirement: Option<String>,
+    /// The votes cast so far, on a request that needs several approvals.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub votes: Vec<String>,
 }
 
 /// Builds the view of `run` from its decoded state (`None` before the first step finished) and
@@ -87,6 +93,16 @@ pub fn view(run: &AgentRun, state: Option<&RunState>, requests: &[ApprovalReques
                         approval_request: request.map(|r| r.name_any()),
                         decision: request.and_then(|r| r.spec.decision).map(|d| d.to_string()),
                         approver_id: request.and_then(|r| r.spec.approver_id.clone()),
+                        requirement: request.and_then(|r| requirement(&r.spec)),
+                        votes: request
+                            .map(|r| {
+                                r.spec
+                                    .votes
+                                    .iter()
+                                    .map(|(who, v)| format!("{who}: {}", v.decision))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
                     }
                 })
                 .collect()
@@ -112,6 +128,28 @@ pub fn view(run: &AgentRun, state: Option<&RunState>, requests: &[ApprovalReques
             .and_then(|s| s.final_output.clone())
             .or(status.final_output),
     }
+}
+
+/// What a request's policy sets, in words (`None` when no policy applies).
+fn requirement(spec: &crate::crd::ApprovalRequestSpec) -> Option<String> {
+    let policy = spec.policy.as_ref()?;
+    let what = match policy.action {
+        crate::crd::PolicyAction::Require => {
+            let mut what = format!("{} approval(s)", spec.approvals_needed());
+            if let Some(approvers) = &spec.approvers {
+                let who: Vec<&str> = approvers
+                    .groups
+                    .iter()
+                    .map(|g| g.as_str())
+                    .chain(approvers.users.iter().map(String::as_str))
+                    .collect();
+                what.push_str(&format!(" from {}", who.join(", ")));
+            }
+            what
+        }
+        action => action.to_string(),
+    };
+    Some(format!("{what} ({})", policy.approver_id()))
 }
 
 /// The arguments of a call as the model wrote them, on one line.
@@ -243,6 +281,15 @@ pub fn render_text(view: &RunView) -> String {
             match &call.approval_request {
                 Some(name) => {
                     out.push_str(&format!("    approval request: {name}\n"));
+                    if let Some(requirement) = &call.requirement {
+                        out.push_str(&format!("    policy:           {}\n", one_line(requirement)));
+                    }
+                    if !call.votes.is_empty() {
+                        out.push_str(&format!(
+                            "    votes:            {}\n",
+                            one_line(&call.votes.join(", "))
+                        ));
+                    }
                     match &call.decision {
                         Some(decision) => out.push_str(&format!(
                             "    decision:         {decision} by {} (not yet applied by the controller)\n",

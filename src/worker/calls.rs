@@ -2,8 +2,9 @@
 //!
 //! - a call that needs approval is sent only if its ApprovalRequest (read with the worker's own,
 //!   read-only rights) is recorded Approved by the controller for this run, step, call and tool,
-//!   with the digest of the exact bytes about to be sent and the definition and endpoint of the
-//!   tool about to be called; anything else refuses the call and ends the step (`TamperedState`).
+//!   with the digest of the exact bytes about to be sent (the approver's edit, when they edited
+//!   the arguments) and the definition and endpoint of the tool about to be called; anything else
+//!   refuses the call and ends the step (`TamperedState`).
 //!   The call carries the signed approval assertion the controller stored on the request, if any;
 //! - every call is recorded in the run's status before it is sent (at-most-once execution). A
 //!   call already recorded by an earlier worker of the run was sent before a crash: it is re-sent
@@ -25,6 +26,7 @@ use crate::controller::verify::normalize;
 use crate::crd::keys::{annotations, field_managers};
 use crate::crd::policy::DecidedBy;
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
+use crate::crd::request_decision::{approved_arguments_digest, recorded_decision};
 use crate::crd::{
     AgentRun, AgentSpec, ApprovalPhase, ApprovalRequest, Decision, ToolCallRecord,
     approval_request_name, arguments_digest,
@@ -206,7 +208,8 @@ fn check_request(request: &ApprovalRequest, expected: &Expected<'_>) -> Result<(
     let spec = &request.spec;
     let status = request.status.clone().unwrap_or_default();
     let name = request.name_any();
-    if status.phase != Some(ApprovalPhase::Approved) || spec.decision != Some(Decision::Approved) {
+    let decision = recorded_decision(request).map(|d| d.decision);
+    if status.phase != Some(ApprovalPhase::Approved) || decision != Some(Decision::Approved) {
         return Err(format!(
             "{name} is {}, not recorded Approved by the controller",
             status.phase.unwrap_or_default()
@@ -230,10 +233,13 @@ fn check_request(request: &ApprovalRequest, expected: &Expected<'_>) -> Result<(
             spec.tool_call_id, spec.tool_name
         ));
     }
-    if spec.arguments_digest != expected.arguments_digest || !spec.digest_matches() {
+    let approved_digest = approved_arguments_digest(spec)?;
+    let edit_recorded = spec.edited_arguments.is_none()
+        || status.edited_arguments_digest.as_deref() == Some(approved_digest.as_str());
+    if approved_digest != expected.arguments_digest || !spec.digest_matches() || !edit_recorded {
         return Err(format!(
-            "the arguments about to be sent (SHA-256 {}) are not the ones {name} approved ({})",
-            expected.arguments_digest, spec.arguments_digest
+            "the arguments about to be sent (SHA-256 {}) are not the ones {name} approved ({approved_digest})",
+            expected.arguments_digest
         ));
     }
     if spec.tool_endpoint.as_deref() != Some(expected.tool_endpoint)

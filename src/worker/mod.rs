@@ -22,6 +22,7 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use crate::agent::{ApiKey, RunStatus, Runner};
+use crate::approval_policy::Gates;
 use crate::chunk_store;
 use crate::crd::AgentRun;
 use crate::crd::keys::field_managers;
@@ -149,7 +150,9 @@ pub async fn run_step(
         spec.clone(),
         status.tool_calls.clone(),
     ));
-    let runner = Runner::new()?.with_hooks(hooks.clone());
+    let runner = Runner::new()?
+        .with_hooks(hooks.clone())
+        .with_gates(Gates::new(&status.approval_gates));
     info!(run = %name, step, "running step");
     let outcome = runner.step(&agent, &mut state).await;
     if let Some(why) = hooks.refused() {

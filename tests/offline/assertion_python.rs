@@ -72,6 +72,7 @@ fn claims() -> Claims {
         tool: "delete_user".into(),
         endpoint: ENDPOINT.into(),
         arguments_sha256: body_digest(BODY.as_bytes()),
+        original_arguments_sha256: None,
         tool_definition_sha256: String::new(),
         approver: "alice@example.com".into(),
         approver_kind: ApproverKind::Verified,

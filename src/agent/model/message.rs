@@ -111,3 +111,28 @@ pub fn tool_calls(message: &Value) -> Result<Vec<ToolCall>, String> {
     }
     Ok(calls)
 }
+
+/// Sets the arguments of the tool call `id` among the assistant messages of `history` to the JSON
+/// text `arguments` (the OpenAI shape, a string); `false` when no such call exists.
+pub fn set_tool_call_arguments(history: &mut [Value], id: &str, arguments: &str) -> bool {
+    for message in history.iter_mut() {
+        if role(message) != Some("assistant") {
+            continue;
+        }
+        let Value::Dict(d) = message else { continue };
+        let Some(Value::List(calls)) = d.get_mut("tool_calls") else {
+            continue;
+        };
+        for call in calls.iter_mut() {
+            let Value::Dict(call) = call else { continue };
+            if call.get("id") != Some(&Value::Str(id.to_owned())) {
+                continue;
+            }
+            if let Some(Value::Dict(function)) = call.get_mut("function") {
+                function.insert("arguments".to_owned(), Value::Str(arguments.to_owned()));
+                return true;
+            }
+        }
+    }
+    false
+}

@@ -9,7 +9,9 @@ mod openai;
 mod retry;
 mod scripted;
 
-pub use message::{ToolArguments, ToolCall, content_text, role, tool_calls};
+pub use message::{
+    ToolArguments, ToolCall, content_text, role, set_tool_call_arguments, tool_calls,
+};
 pub use openai::{ApiKey, OpenAiProvider};
 pub use retry::RetryPolicy;
 pub use scripted::ScriptedProvider;

@@ -5,11 +5,12 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 
 use super::{
-    Action, Policy, ResolvedDecision, ResolvedKind, awaiting_requests, decision_context,
+    Action, Policy, ResolvedDecision, ResolvedKind, awaiting_requests, decision_context, edits,
     expires_at, recheck_at, tampered, verify_copy,
 };
 use crate::controller::observe::Observed;
 use crate::controller::verify::{self, Decider, Refusal};
+use crate::crd::request_decision::{DecisionOf, decision_of, edited_arguments, recorded_decision};
 use crate::crd::{ApprovalPhase, ApprovalRequest, Decision, Reason, approval_request_name};
 use crate::state::{DeferredToolCall, RunState};
 use crate::time::from_k8s;
@@ -114,18 +115,24 @@ fn resolve(
     if let Some(phase) = status.phase.filter(|p| p.is_final()) {
         // Recorded by an earlier reconcile: applied as recorded.
         let decided_at = status.decided_at.as_ref().map_or(observed.now, from_k8s);
-        let decider = status
-            .verified_identity
-            .clone()
-            .map(Decider::Verified)
-            .or(status.gitops.clone().map(Decider::GitOps));
-        let kind = match phase {
-            ApprovalPhase::Approved => approved(request),
-            ApprovalPhase::Rejected => rejected(request),
-            ApprovalPhase::Expired => ResolvedKind::Expired,
-            _ => ResolvedKind::Superseded {
+        let decider = recorded_decider(request);
+        let kind = match (phase, recorded_decision(request)) {
+            (ApprovalPhase::Approved, Some(d)) if d.decision == Decision::Approved => {
+                match edited_arguments(&request.spec) {
+                    Ok(edited) => kind_of(d, edited),
+                    Err(why) => ResolvedKind::Superseded { why },
+                }
+            }
+            (ApprovalPhase::Rejected, Some(d)) if d.decision == Decision::Rejected => {
+                kind_of(d, None)
+            }
+            (ApprovalPhase::Expired, _) => ResolvedKind::Expired,
+            (ApprovalPhase::Superseded, _) => ResolvedKind::Superseded {
                 why: superseded(observed, request, call)
                     .unwrap_or_else(|| "the request no longer matched the call".to_owned()),
+            },
+            (phase, _) => ResolvedKind::Superseded {
+                why: format!("the request is recorded {phase}, but its decision fields do not say so"),
             },
         };
         return resolved(kind, decided_at, decider, false);
@@ -136,44 +143,95 @@ fn resolve(
     if let Some(why) = superseded(observed, request, call) {
         return resolved(ResolvedKind::Superseded { why }, observed.now, None, true);
     }
+    if let Some(decision) = request.spec.policy_decision() {
+        // Decided by a policy when the request was made: no person, nothing to wait for.
+        let kind = decision_of(&request.spec, &[]).map_or_else(
+            || ResolvedKind::Superseded {
+                why: format!("the policy decision {:?} cannot be applied", decision.action),
+            },
+            |d| kind_of(d, None),
+        );
+        return resolved(kind, observed.now, Some(Decider::Policy), true);
+    }
     let expiry = expires_at(request);
     if expiry.is_some_and(|at| at <= observed.now) {
         return resolved(ResolvedKind::Expired, observed.now, None, true);
     }
-    match request.spec.decision {
-        None => CallOutcome::Waiting(expiry),
-        Some(decision) => {
-            match verify::verify_decision(
-                request,
-                decision_context(observed, request),
-                &policy.decisions,
-            ) {
-                Ok(decider) => {
-                    let kind = match decision {
-                        Decision::Approved => approved(request),
-                        Decision::Rejected => rejected(request),
-                    };
-                    resolved(kind, observed.now, Some(decider), true)
+    let cx = decision_context(observed);
+    if request.spec.is_quorum() {
+        let tally = verify::tally(request, cx, &policy.decisions);
+        return match tally.outcome {
+            Some((_, voters)) => {
+                let names: Vec<String> = voters.iter().map(|v| v.username.clone()).collect();
+                match decision_of(&request.spec, &names) {
+                    Some(d) => resolved(kind_of(d, None), observed.now, Some(Decider::Voters(voters)), true),
+                    None => CallOutcome::Waiting(expiry),
                 }
-                Err(refusal) => CallOutcome::Refused(name, refusal),
             }
+            None if tally.refused.is_empty() => CallOutcome::Waiting(expiry),
+            None => CallOutcome::Refused(name, combined(tally.refused)),
+        };
+    }
+    let Some(decision) = request.spec.decision else {
+        return CallOutcome::Waiting(expiry);
+    };
+    match verify::verify_decision(request, cx, &policy.decisions) {
+        Ok(decider) => {
+            let Some(d) = decision_of(&request.spec, &[]) else {
+                return CallOutcome::Waiting(expiry);
+            };
+            let kind = match decision {
+                Decision::Approved if request.spec.edited_arguments.is_some() => {
+                    edits::check(observed, request, &decider, d)
+                }
+                _ => kind_of(d, None),
+            };
+            resolved(kind, observed.now, Some(decider), true)
         }
+        Err(refusal) => CallOutcome::Refused(name, refusal),
     }
 }
 
-fn approved(request: &ApprovalRequest) -> ResolvedKind {
-    ResolvedKind::Approved {
-        approver_id: request.spec.approver_id.clone(),
-        reason: request.spec.reason.clone(),
+/// The resolution a decision makes (`edited`: the approved call's edited arguments).
+pub(super) fn kind_of(decision: DecisionOf, edited: Option<String>) -> ResolvedKind {
+    match decision.decision {
+        Decision::Approved => ResolvedKind::Approved {
+            approver_id: Some(decision.approver_id),
+            reason: decision.reason,
+            edited_arguments: edited,
+        },
+        Decision::Rejected => ResolvedKind::Rejected {
+            approver_id: Some(decision.approver_id),
+            reason: decision.reason,
+            message: decision.message,
+        },
     }
 }
 
-fn rejected(request: &ApprovalRequest) -> ResolvedKind {
-    ResolvedKind::Rejected {
-        approver_id: request.spec.approver_id.clone(),
-        reason: request.spec.reason.clone(),
-        message: request.spec.message.clone(),
+/// Who decided a request, as its status recorded it.
+fn recorded_decider(request: &ApprovalRequest) -> Option<Decider> {
+    let status = request.status.as_ref()?;
+    if let Some(identity) = &status.verified_identity {
+        return Some(Decider::Verified(identity.clone()));
     }
+    if let Some(gitops) = &status.gitops {
+        return Some(Decider::GitOps(gitops.clone()));
+    }
+    if !status.voters.is_empty() {
+        return Some(Decider::Voters(status.voters.clone()));
+    }
+    request.spec.policy_decision().map(|_| Decider::Policy)
+}
+
+/// The refusals of several votes as one.
+fn combined(refused: Vec<(String, Refusal)>) -> Refusal {
+    let reason = refused[0].1.reason;
+    let message = refused
+        .iter()
+        .map(|(voter, r)| format!("the vote of {voter} does not count: {}", r.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Refusal { reason, message }
 }
 
 /// Why `request` no longer matches the pending `call` of the observed run, if it does not: a

@@ -8,10 +8,12 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+mod edits;
 mod halt;
 
 use super::observe::Observed;
 use super::verify::{self, Decider, DecisionContext, DecisionRules, Refusal};
+use crate::approval_policy::Requirement;
 use crate::crd::{
     AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Reason, approval_request_name,
     worker_pod_name,
@@ -86,14 +88,16 @@ pub struct ResolvedDecision {
 /// How a call was resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResolvedKind {
-    /// A person approved it.
+    /// A person, a quorum of people or an ApprovalPolicy approved it.
     Approved {
-        /// Who approved (the policy-verified `approverId`).
+        /// Who approved (the verified `approverId`, the voters, or `policy:<policy>/<rule>`).
         approver_id: Option<String>,
         /// Why, for the audit.
         reason: Option<String>,
+        /// The arguments the approver approved instead of the model's (stored form).
+        edited_arguments: Option<String>,
     },
-    /// A person rejected it.
+    /// A person, a quorum of people or an ApprovalPolicy rejected it.
     Rejected {
         /// Who rejected.
         approver_id: Option<String>,
@@ -121,8 +125,11 @@ pub struct NewRequest {
     pub call: DeferredToolCall,
     /// The call's arguments as stored (Python-compatible JSON).
     pub arguments: String,
-    /// When it expires, if the tool has an approval timeout.
+    /// When it expires, if the tool has an approval timeout (never for a policy decision).
     pub expires_at: Option<DateTime<Utc>>,
+    /// What the ApprovalPolicies set for the call (`None`: no rule matched and the Agent
+    /// requires approval: one person decides).
+    pub requirement: Option<Requirement>,
 }
 
 /// The one next thing to do for a run.
@@ -223,6 +230,8 @@ fn awaiting_needs_state(run: &AgentRun, requests: &[ApprovalRequest], now: DateT
     }
     open.iter().any(|r| {
         r.spec.decision.is_some()
+            || !r.spec.votes.is_empty()
+            || r.spec.policy_decision().is_some()
             || r.spec.agent_run_ref.uid != uid
             || !r.spec.digest_matches()
             || expires_at(r).is_some_and(|at| at <= now)
@@ -446,23 +455,22 @@ fn verify_copy(observed: &Observed, state: &RunState, policy: &Policy) -> Result
         &observed.requests,
         |request| match request.status.as_ref().and_then(|s| s.phase) {
             Some(ApprovalPhase::Approved) => true,
-            None | Some(ApprovalPhase::Pending) => verify::verify_decision(
-                request,
-                decision_context(observed, request),
-                &policy.decisions,
-            )
-            .is_ok(),
+            None | Some(ApprovalPhase::Pending) => {
+                request.spec.decision.is_some()
+                    && verify::verify_decision(request, decision_context(observed), &policy.decisions)
+                        .is_ok()
+            }
             Some(_) => false,
         },
     )
 }
 
-/// What checking a decision on `request` needs from the observation.
-fn decision_context<'a>(observed: &'a Observed, request: &ApprovalRequest) -> DecisionContext<'a> {
+/// What checking a decision needs from the observation.
+fn decision_context(observed: &Observed) -> DecisionContext<'_> {
     DecisionContext {
         policies_installed: observed.policies_installed,
         creator: observed.creator(),
-        rights: observed.rights.get(&request.name_any()).copied(),
+        rights: &observed.rights,
     }
 }
 
@@ -475,15 +483,24 @@ fn awaiting_requests(observed: &Observed, state: &RunState) -> Action {
             let name = approval_request_name(&run_name, &call.tool_call_id);
             !observed.requests.iter().any(|r| r.name_any() == name)
         })
-        .map(|call| NewRequest {
-            name: approval_request_name(&run_name, &call.tool_call_id),
-            call: (*call).clone(),
-            arguments: call.arguments_json(),
-            expires_at: observed.approval_timeout(&call.tool_name).map(|t| {
-                observed.now
-                    + chrono::Duration::from_std(t)
-                        .unwrap_or_else(|_| chrono::Duration::days(36500))
-            }),
+        .map(|call| {
+            let arguments = call.arguments_json();
+            let requirement = observed.requirement_for(&call.tool_name, &arguments);
+            let decided = requirement.as_ref().is_some_and(|r| r.decision.decides());
+            NewRequest {
+                name: approval_request_name(&run_name, &call.tool_call_id),
+                call: (*call).clone(),
+                expires_at: observed
+                    .approval_timeout(&call.tool_name)
+                    .filter(|_| !decided)
+                    .map(|t| {
+                        observed.now
+                            + chrono::Duration::from_std(t)
+                                .unwrap_or_else(|_| chrono::Duration::days(36500))
+                    }),
+                arguments,
+                requirement,
+            }
         })
         .collect();
     Action::RequestApprovals {
@@ -492,5 +509,7 @@ fn awaiting_requests(observed: &Observed, state: &RunState) -> Action {
     }
 }
 
+#[cfg(test)]
+mod policy_tests;
 #[cfg(test)]
 mod tests;

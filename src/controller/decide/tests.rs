@@ -293,7 +293,8 @@ fn approvals_wait_for_every_decision_then_resume() {
                 decisions[0].kind,
                 ResolvedKind::Approved {
                     approver_id: Some("alice@example.com".into()),
-                    reason: Some("CR-1234".into())
+                    reason: Some("CR-1234".into()),
+                    edited_arguments: None,
                 }
             );
         }

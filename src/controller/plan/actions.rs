@@ -16,7 +16,8 @@ use crate::crd::names::{run_label_value, worker_pod_name};
 use crate::crd::status_patch::{AgentRunStatusPatch, ApprovalRequestStatusPatch};
 use crate::crd::{
     Agent, AgentRunPhase, AgentRunRef, AgentSnapshot, ApprovalPhase, ApprovalRequest,
-    ApprovalRequestSpec, ConditionStatus, ConditionType, EventReason, Reason,
+    ApprovalRequestSpec, ConditionStatus, ConditionType, EventReason, PolicyAction, PolicyDecision,
+    Reason,
 };
 use crate::time::to_k8s;
 
@@ -141,6 +142,7 @@ impl Planner<'_> {
                 started_at: status.started_at.is_none().then(|| to_k8s(self.o.now)),
                 created_by,
                 agent: snapshot,
+                approval_gates: Some(self.o.approval_gates()),
                 ..Default::default()
             },
             run.resource_version(),
@@ -187,6 +189,12 @@ impl Planner<'_> {
                 .o
                 .agent_spec()
                 .and_then(|spec| spec.tools.iter().find(|t| t.name == new.call.tool_name));
+            let requirement = new.requirement.clone();
+            let (policy, required_approvals, approvers) = match requirement {
+                Some(r) => (Some(r.decision), r.required_approvals, r.approvers),
+                None => (None, None, None),
+            };
+            let announce = announcement(&new, policy.as_ref(), required_approvals, &run_name);
             let mut request = ApprovalRequest::new(
                 &new.name,
                 ApprovalRequestSpec {
@@ -202,10 +210,10 @@ impl Planner<'_> {
                     run_creator: creator.clone(),
                     tool_endpoint: tool.map(|t| t.endpoint().to_owned()),
                     tool_definition_digest: tool.map(|t| t.definition_digest()),
-                    decision: None,
-                    approver_id: None,
-                    reason: None,
-                    message: None,
+                    policy,
+                    required_approvals,
+                    approvers,
+                    ..Default::default()
                 },
             );
             request.metadata.namespace = run.namespace();
@@ -220,10 +228,7 @@ impl Planner<'_> {
                     expires_at: new.expires_at.map(to_k8s),
                     ..Default::default()
                 },
-                announce: format!(
-                    "Tool call {} ({}) of run {run_name} awaits a decision: kubectl patch apr {} --type merge -p '{{\"spec\":{{\"decision\":\"Approved\",\"approverId\":\"<you>\",\"reason\":\"<why>\"}}}}'",
-                    new.call.tool_name, new.call.tool_call_id, new.name
-                ),
+                announce,
             });
         }
         let status = run.status.clone().unwrap_or_default();
@@ -296,5 +301,39 @@ impl Planner<'_> {
                 format!("{reason}: {message}"),
             ),
         ]
+    }
+}
+
+/// The `ApprovalRequested` Event's note: how to decide the request, or which policy decided it.
+fn announcement(
+    new: &NewRequest,
+    policy: Option<&PolicyDecision>,
+    required_approvals: Option<u32>,
+    run_name: &str,
+) -> String {
+    let call = format!(
+        "Tool call {} ({}) of run {run_name}",
+        new.call.tool_name, new.call.tool_call_id
+    );
+    if let Some(policy) = policy.filter(|p| p.decides()) {
+        return format!(
+            "{call} is {} by {}",
+            if policy.action == PolicyAction::Deny {
+                "denied"
+            } else {
+                "allowed"
+            },
+            policy.approver_id()
+        );
+    }
+    match required_approvals.filter(|&n| n > 1) {
+        Some(n) => format!(
+            "{call} needs {n} approvals: each approver runs kubectl agentrun approve {} --reason '<why>' (or adds their vote under spec.votes)",
+            new.name
+        ),
+        None => format!(
+            "{call} awaits a decision: kubectl patch apr {} --type merge -p '{{\"spec\":{{\"decision\":\"Approved\",\"approverId\":\"<you>\",\"reason\":\"<why>\"}}}}'",
+            new.name
+        ),
     }
 }

@@ -15,7 +15,8 @@ use crate::crd::names::worker_pod_name;
 use crate::crd::status_patch::AgentRunStatusPatch;
 use crate::crd::stored_state::StoredState;
 use crate::crd::{AgentRunPhase, ApprovalRequest, ConditionStatus, EventReason, Reason};
-use crate::state::{Approval, DecisionError, Rejection, RunState};
+use crate::agent::model::set_tool_call_arguments;
+use crate::state::{Approval, DecisionError, Rejection, RunState, pyjson};
 
 impl Planner<'_> {
     fn request(&self, name: &str) -> Option<&ApprovalRequest> {
@@ -131,6 +132,7 @@ impl Planner<'_> {
         });
         let patch = AgentRunStatusPatch {
             phase: Some(AgentRunPhase::Running),
+            approval_gates: Some(self.o.approval_gates()),
             step: Some(step),
             retries: Some(0),
             pending_approvals: Some(0),
@@ -155,18 +157,21 @@ impl Planner<'_> {
     }
 }
 
-/// Applies one resolved decision to the state, with its audit fields as of when it was made.
-pub fn apply_decision(
-    state: &mut RunState,
-    decision: &ResolvedDecision,
-) -> Result<(), DecisionError> {
+/// Applies one resolved decision to the state, with its audit fields as of when it was made. An
+/// approval with edited arguments first puts them in the call (the conversation and the deferred
+/// call), so the history shows what the tool receives.
+pub fn apply_decision(state: &mut RunState, decision: &ResolvedDecision) -> Result<(), String> {
     let id = &decision.tool_call_id;
     let at = decision.decided_at;
-    match &decision.kind {
+    let applied: Result<(), DecisionError> = match &decision.kind {
         ResolvedKind::Approved {
             approver_id,
             reason,
+            edited_arguments,
         } => {
+            if let Some(edited) = edited_arguments {
+                edit_call(state, id, edited)?;
+            }
             let mut approval = Approval::new().at(at);
             approval.approver_id = approver_id.clone();
             approval.reason = reason.clone();
@@ -197,7 +202,26 @@ pub fn apply_decision(
                 .at(at);
             state.reject(id, rejection)
         }
+    };
+    applied.map_err(|e| e.to_string())
+}
+
+/// Replaces the arguments of the pending call `id` with `edited` (their stored JSON) in the
+/// conversation and in the deferred call.
+fn edit_call(state: &mut RunState, id: &str, edited: &str) -> Result<(), String> {
+    let args = pyjson::loads(edited).map_err(|e| format!("the edited arguments: {e}"))?;
+    if !set_tool_call_arguments(&mut state.messages, id, edited) {
+        return Err(format!("the conversation has no tool call {id} to edit"));
     }
+    for call in state
+        .deferred_tool_requests
+        .approvals
+        .iter_mut()
+        .filter(|c| c.tool_call_id == id)
+    {
+        call.args = args.clone();
+    }
+    Ok(())
 }
 
 /// The Event that announces a decision.
@@ -208,13 +232,19 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
         ResolvedKind::Approved {
             approver_id,
             reason,
+            edited_arguments,
         } => (
             EventType::Normal,
             EventReason::Approved,
             format!(
-                "Approved by {}{}: {}",
+                "Approved by {}{}{}: {}",
                 who(approver_id),
                 how(&decision.decider),
+                if edited_arguments.is_some() {
+                    " with edited arguments"
+                } else {
+                    ""
+                },
                 why(reason)
             ),
         ),
@@ -256,6 +286,8 @@ fn how(decider: &Option<Decider>) -> String {
             gitops.commit, gitops.applied_by.username
         ),
         Some(Decider::Claimed) => " (claimed, not verified)".to_owned(),
+        Some(Decider::Policy) => " (ApprovalPolicy)".to_owned(),
+        Some(Decider::Voters(voters)) => format!(" ({} verified votes)", voters.len()),
         Some(Decider::Verified(_)) | None => String::new(),
     }
 }

@@ -97,7 +97,7 @@ pub fn mutating(
     match_constraints: MatchResources,
     match_conditions: Option<Vec<MatchCondition>>,
     variables: Option<Vec<Variable>>,
-    mutation: Mutation,
+    mutations: Vec<Mutation>,
 ) -> Mutating {
     let policy = MutatingAdmissionPolicy {
         metadata: metadata(name),
@@ -106,7 +106,7 @@ pub fn mutating(
             match_constraints: Some(match_constraints),
             match_conditions,
             variables,
-            mutations: Some(vec![mutation]),
+            mutations: Some(mutations),
             reinvocation_policy: Some("IfNeeded".to_owned()),
             param_kind: None,
         }),

@@ -12,7 +12,8 @@ use super::{
     APPROVAL_IDENTITY_POLICY, APPROVER_IDENTITY_MESSAGE, DECIDED_BY_ANNOTATION, DECIDED_BY_MESSAGE,
     FROZEN_ANNOTATIONS_MESSAGE, GITOPS_ALLOW_LIST_VARIABLE, GITOPS_APPROVERS_POLICY,
     GITOPS_COMMIT_ANNOTATION, GITOPS_EMPTY_ALLOW_LIST_MESSAGE, GITOPS_GROUP,
-    GITOPS_NOT_ALLOWED_MESSAGE, SEPARATION_OF_DUTIES_MESSAGE, annotations_variables,
+    GITOPS_NOT_ALLOWED_MESSAGE, NOT_AN_APPROVER_MESSAGE, OWN_VOTE_MESSAGE,
+    SEPARATION_OF_DUTIES_MESSAGE, VOTE_STAMP_MESSAGE, annotations_variables,
 };
 
 /// The variable both decision policies use: whether this request sets a decision.
@@ -23,8 +24,9 @@ fn decision_is_new() -> Variable {
     )
 }
 
-/// `agentrun-approval-identity`: who may decide an ApprovalRequest, separation of duties (on
-/// normalised identities), and the decision annotations' integrity.
+/// `agentrun-approval-identity`: who may decide an ApprovalRequest (or vote on one that needs
+/// several approvals: only your own vote, stamped, once), separation of duties (on normalised
+/// identities), the request's approvers restriction, and the decision annotations' integrity.
 pub fn approval_identity() -> Validating {
     let [annotations, old_annotations] = annotations_variables();
     let variables = vec![
@@ -54,6 +56,28 @@ pub fn approval_identity() -> Validating {
             ),
         ),
         variable("stamp", decided_by_stamp_expression()),
+        variable(
+            "votes",
+            "has(object.spec.votes) ? object.spec.votes : {}",
+        ),
+        variable(
+            "oldVotes",
+            "oldObject != null && has(oldObject.spec.votes) ? oldObject.spec.votes : {}",
+        ),
+        variable(
+            "newVoters",
+            "variables.votes.filter(k, !(k in variables.oldVotes))",
+        ),
+        // The request's approvers restriction (from the ApprovalPolicy rule), for the requester
+        // and, by name only, for the approver a GitOps decision names.
+        variable(
+            "requesterPermitted",
+            "!has(object.spec.approvers) || object.spec.approvers.users.exists(u, u.trim().lowerAscii() == variables.requesterKey) || (has(request.userInfo.groups) && object.spec.approvers.groups.exists(g, g in request.userInfo.groups))",
+        ),
+        variable(
+            "approverListed",
+            "!has(object.spec.approvers) || object.spec.approvers.users.exists(u, u.trim().lowerAscii() == variables.approverKey)",
+        ),
     ];
     let validations = vec![
         // approverId is the requester's exact username: a differently spelled own name is
@@ -68,6 +92,34 @@ pub fn approval_identity() -> Validating {
             "!variables.decisionIsNew || variables.runCreator == '' || (variables.runCreatorKey != variables.requesterKey && variables.runCreatorKey != variables.approverKey)",
             Message::Expression(format!(
                 "'{SEPARATION_OF_DUTIES_MESSAGE}: ' + variables.runCreator + ' created this run and cannot decide its own requests (identities are compared trimmed and lowercased)'"
+            )),
+        ),
+        validation(
+            "!variables.decisionIsNew || (variables.approver == request.userInfo.username ? variables.requesterPermitted : variables.approverListed)",
+            Message::Expression(format!(
+                "'{NOT_AN_APPROVER_MESSAGE} (spec.approvers): ' + (variables.approver == request.userInfo.username ? request.userInfo.username + ' is neither listed nor in a listed group' : variables.approver + ' is not listed by name')"
+            )),
+        ),
+        validation(
+            "size(variables.newVoters) == 0 || (size(variables.newVoters) == 1 && variables.newVoters[0] == request.userInfo.username)",
+            Message::Expression(format!(
+                "'{OWN_VOTE_MESSAGE} (' + request.userInfo.username + ')'"
+            )),
+        ),
+        validation(
+            "size(variables.newVoters) == 0 || !(request.userInfo.username in variables.newVoters) || (has(variables.votes[request.userInfo.username].decidedBy) && variables.votes[request.userInfo.username].decidedBy == variables.stamp)",
+            Message::Fixed(VOTE_STAMP_MESSAGE),
+        ),
+        validation(
+            "size(variables.newVoters) == 0 || variables.runCreator == '' || variables.runCreatorKey != variables.requesterKey",
+            Message::Expression(format!(
+                "'{SEPARATION_OF_DUTIES_MESSAGE}: ' + variables.runCreator + ' created this run and cannot vote on its own requests (identities are compared trimmed and lowercased)'"
+            )),
+        ),
+        validation(
+            "size(variables.newVoters) == 0 || variables.requesterPermitted",
+            Message::Expression(format!(
+                "'{NOT_AN_APPROVER_MESSAGE} (spec.approvers): ' + request.userInfo.username + ' is neither listed nor in a listed group'"
             )),
         ),
         validation(

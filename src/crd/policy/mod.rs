@@ -15,8 +15,12 @@
 //! 2. `agentrun-stamp-decider` (MutatingAdmissionPolicy): when a CREATE or UPDATE of an
 //!    ApprovalRequest sets a decision that was not there before, sets the annotation
 //!    [`DECIDED_BY_ANNOTATION`] to the authenticated identity as JSON
-//!    (`{"username":…,"uid":…,"groups":[…]}`, see [`DecidedBy`]).
+//!    (`{"username":…,"uid":…,"groups":[…]}`, see [`DecidedBy`]); when it adds the requester's
+//!    vote (`spec.votes[<username>]`), writes the same JSON into the vote's `decidedBy`.
 //! 3. `agentrun-approval-identity` (ValidatingAdmissionPolicy, `decisions.rs`) on ApprovalRequests:
+//!    a new vote is the requester's own (keyed by their exact username), one at a time, with the
+//!    stamp in its `decidedBy`, and not by the run's creator; a request restricted to `approvers`
+//!    (by its ApprovalPolicy rule) takes decisions and votes only from them;
 //!    a new decision's `approverId` is the requester's own exact username unless the requester is
 //!    in [`GITOPS_GROUP`] and the object names the commit in [`GITOPS_COMMIT_ANNOTATION`]; the
 //!    run's creator (`spec.runCreator`) can neither decide nor be recorded as the approver, the
@@ -152,6 +156,15 @@ pub const APPROVER_IDENTITY_MESSAGE: &str = "approverId must be your own usernam
 pub const SEPARATION_OF_DUTIES_MESSAGE: &str = "separation of duties";
 /// The message refusing a change of the decision annotations once a decision exists.
 pub const FROZEN_ANNOTATIONS_MESSAGE: &str = "annotations agentrun.dev/decided-by and agentrun.dev/gitops-commit cannot be changed or removed once a decision exists";
+/// The start of the message refusing a decision or vote by someone the request's `approvers` do
+/// not list.
+pub const NOT_AN_APPROVER_MESSAGE: &str =
+    "only the approvers the ApprovalPolicy rule lists may decide this request";
+/// The start of the message refusing a vote added under another name (or several at once).
+pub const OWN_VOTE_MESSAGE: &str =
+    "you may add only your own vote, under spec.votes keyed by your exact username";
+/// The message refusing a vote whose `decidedBy` the stamp did not write.
+pub const VOTE_STAMP_MESSAGE: &str = "a vote's decidedBy is written by the agentrun-stamp-decider policy and holds the identity of the user who cast it; it cannot be written by hand";
 /// The message refusing a `decided-by` annotation the stamp did not write.
 pub const DECIDED_BY_MESSAGE: &str = "annotation agentrun.dev/decided-by is written by the agentrun-stamp-decider policy when a decision is set and holds the identity of the user who set it; it cannot be written by hand";
 /// The message refusing a change of an AgentRun's creator annotation.

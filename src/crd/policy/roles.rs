@@ -44,8 +44,10 @@ fn cluster_role(name: &str, aggregate_to: Option<&str>, rules: Vec<PolicyRule>) 
 
 /// The ClusterRoles: `agentrun-approver` (not aggregated), `agentrun-editor` (aggregated into
 /// `edit`), `agentrun-viewer` (aggregated into `view`) and `agentrun-auditor` (reading the
-/// cluster-scoped ApprovalRecords; bound with a ClusterRoleBinding, not aggregated). Whoever reads
-/// runs also reads their offloaded states (RunStateChunks).
+/// cluster-scoped ApprovalRecords and ApprovalPolicies; bound with a ClusterRoleBinding, not
+/// aggregated). Whoever reads runs also reads their offloaded states (RunStateChunks); approvers
+/// may read the ApprovalPolicies (when bound with a ClusterRoleBinding) to see why a call needs
+/// them. Writing ApprovalPolicies is for cluster admins only: no role here grants it.
 pub fn cluster_roles() -> Vec<ClusterRole> {
     vec![
         cluster_role(
@@ -53,7 +55,10 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
             None,
             vec![
                 rule(&["approvalrequests"], &["get", "list", "watch", "patch"]),
-                rule(&["agentruns", "agents", "runstatechunks"], READ),
+                rule(
+                    &["agentruns", "agents", "runstatechunks", "approvalpolicies"],
+                    READ,
+                ),
             ],
         ),
         cluster_role(
@@ -77,7 +82,11 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 READ,
             )],
         ),
-        cluster_role(AUDITOR_ROLE, None, vec![rule(&["approvalrecords"], READ)]),
+        cluster_role(
+            AUDITOR_ROLE,
+            None,
+            vec![rule(&["approvalrecords", "approvalpolicies"], READ)],
+        ),
     ]
 }
 

@@ -7,6 +7,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::agent::model::{self, ToolArguments};
+use crate::crd::request_decision::{approved_arguments_digest, decision_of, recorded_decision};
 use crate::crd::{ApprovalPhase, ApprovalRequest, arguments_digest};
 use crate::plugin::text::rfc3339;
 use crate::state::RunState;
@@ -70,6 +71,21 @@ pub struct AuditEntry {
     /// <identity>` (the approverId is then claimed, never verified).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gitops: Option<String>,
+    /// Decided or required by an ApprovalPolicy: `policy:<policy>/<rule>` (`policy:none` when no
+    /// rule matched a call only a policy's tools halted), with what it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Requests needing several approvals: how many, and every vote (`<user>: <decision>`, with
+    /// whether it counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub required_approvals: Option<u32>,
+    /// The votes cast on the request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub votes: Vec<String>,
+    /// Approved with edited arguments: the SHA-256 of the arguments the tool received (the
+    /// original's is `argumentsDigest`) and who edited them (the approver).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edited_arguments_digest: Option<String>,
     /// The reason (audit only).
     pub reason: Option<String>,
     /// What the model was told instead of the result (rejections).
@@ -178,6 +194,9 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 .get(id.as_str())
                 .map(|c| arguments_digest(&c.arguments_json()))
                 .or(written_digest);
+            let edited_digest = request
+                .filter(|r| r.spec.edited_arguments.is_some())
+                .and_then(|r| approved_arguments_digest(&r.spec).ok());
             let arguments_digest = match request {
                 Some(r) => {
                     let computed = arguments_digest(&r.spec.arguments);
@@ -187,7 +206,10 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                             r.spec.arguments_digest
                         ));
                     }
-                    if state_digest.as_deref().is_some_and(|d| d != computed) {
+                    let in_state_ok = |d: &str| {
+                        d == computed || (approved && edited_digest.as_deref() == Some(d))
+                    };
+                    if state_digest.as_deref().is_some_and(|d| !in_state_ok(d)) {
                         warnings.push(
                             "the call's arguments in the run's state differ from the ApprovalRequest's"
                                 .to_owned(),
@@ -202,7 +224,8 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
             // record of it); the run's state is the copy, checked against it.
             let phase = request.and_then(|r| r.status.as_ref()).and_then(|s| s.phase);
             let in_state = approved || rejection.is_some();
-            let (decision, applied) = match (phase, request.and_then(|r| r.spec.decision)) {
+            let pending_decision = request.and_then(|r| decision_of(&r.spec, &[])).map(|d| d.decision);
+            let (decision, applied) = match (phase, pending_decision) {
                 (Some(ApprovalPhase::Approved), _) => (AuditDecision::Approved, approved),
                 (Some(ApprovalPhase::Rejected), _) => (AuditDecision::Rejected, rejection.is_some()),
                 (Some(ApprovalPhase::Expired), _) => (AuditDecision::Expired, rejection.is_some()),
@@ -226,9 +249,14 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 ));
             }
             let person = matches!(decision, AuditDecision::Approved | AuditDecision::Rejected);
-            let claimed = request
-                .filter(|_| person)
-                .and_then(|r| r.spec.approver_id.clone());
+            let decided = request.filter(|_| person).and_then(|r| {
+                if phase.is_some_and(ApprovalPhase::is_final) {
+                    recorded_decision(r)
+                } else {
+                    decision_of(&r.spec, &[])
+                }
+            });
+            let claimed = decided.as_ref().map(|d| d.approver_id.clone());
             let recorded = metadata.and_then(|m| m.approver_id.clone());
             if recorded.is_some() && recorded != claimed {
                 warnings.push(format!(
@@ -237,7 +265,7 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                     claimed.as_deref().unwrap_or("nobody")
                 ));
             }
-            let request_reason = request.and_then(|r| r.spec.reason.clone());
+            let request_reason = decided.as_ref().and_then(|d| d.reason.clone());
             let recorded_reason = metadata.and_then(|m| m.reason.clone());
             if let (Some(a), Some(b)) = (&request_reason, &recorded_reason)
                 && a != b
@@ -273,7 +301,47 @@ pub fn audit_entries(state: &RunState, requests: &[ApprovalRequest]) -> Vec<Audi
                 approver_id: claimed,
                 verified_identity: status
                     .and_then(|s| s.verified_identity.as_ref())
-                    .map(|v| v.username.clone()),
+                    .map(|v| v.username.clone())
+                    .or_else(|| {
+                        let voters = status.map(|s| &s.voters).filter(|v| !v.is_empty())?;
+                        Some(
+                            voters
+                                .iter()
+                                .map(|v| v.username.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        )
+                    }),
+                policy: request.and_then(|r| r.spec.policy.as_ref()).map(|p| {
+                    format!("{} ({})", p.approver_id(), p.action)
+                }),
+                required_approvals: request
+                    .filter(|r| r.spec.is_quorum())
+                    .map(|r| r.spec.approvals_needed()),
+                votes: request
+                    .map(|r| {
+                        let counted: Vec<&str> = status
+                            .map(|s| s.voters.iter().map(|v| v.username.as_str()).collect())
+                            .unwrap_or_default();
+                        r.spec
+                            .votes
+                            .iter()
+                            .map(|(who, vote)| {
+                                format!(
+                                    "{who}: {}{}",
+                                    vote.decision,
+                                    if counted.contains(&who.as_str()) {
+                                        " (counted)"
+                                    } else {
+                                        ""
+                                    }
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                edited_arguments_digest: edited_digest
+                    .filter(|_| decision == AuditDecision::Approved),
                 gitops: status.and_then(|s| s.gitops.as_ref()).map(|g| {
                     format!(
                         "claimed via GitOps commit {}, applied by {}",

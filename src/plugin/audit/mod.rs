@@ -80,11 +80,13 @@ pub fn render_table(report: &AuditReport) -> String {
     ]);
     let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
     for call in &report.calls {
-        let decision = if call.applied {
-            call.decision.as_str().to_owned()
-        } else {
-            format!("{} (not applied yet)", call.decision.as_str())
-        };
+        let mut decision = call.decision.as_str().to_owned();
+        if call.edited_arguments_digest.is_some() {
+            decision.push_str(" (edited)");
+        }
+        if !call.applied {
+            decision.push_str(" (not applied yet)");
+        }
         table.push([
             call.tool.clone(),
             call.tool_call_id.clone(),
@@ -188,6 +190,8 @@ async fn from_records(
                 decided_at: record.spec.decided_at,
                 verified_identity: record.spec.verified_identity,
                 gitops: record.spec.gitops,
+                voters: record.spec.voters,
+                edited_arguments_digest: record.spec.edited_arguments_digest,
                 ..Default::default()
             });
             request

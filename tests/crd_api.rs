@@ -341,6 +341,7 @@ async fn valid_objects_are_accepted_and_read_back() {
         step: Some(1),
         final_output: None,
         pending_approvals: Some(1),
+        approval_gates: vec!["delete_user".into()],
         worker_pod: Some(agentrun::crd::worker_pod_name("restart-web", 1, 0)),
         started_at: Some(now()),
         tool_calls: vec![],

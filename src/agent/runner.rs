@@ -13,9 +13,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::Agent;
-use crate::approval_policy::Gates;
 use super::http::{build_client, error_chain};
 use super::model::{self, ModelError, ModelRequest, RetryPolicy, ToolArguments, ToolCall};
+use crate::approval_policy::Gates;
 use crate::state::pyjson::{self, Value};
 use crate::state::{DEFAULT_REJECTION_MESSAGE, DeferredToolCall, RunState};
 

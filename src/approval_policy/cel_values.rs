@@ -18,7 +18,9 @@ pub fn from_json(json: &serde_json::Value) -> Value {
             _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
         },
         serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
-        serde_json::Value::Array(items) => Value::List(Arc::new(items.iter().map(from_json).collect())),
+        serde_json::Value::Array(items) => {
+            Value::List(Arc::new(items.iter().map(from_json).collect()))
+        }
         serde_json::Value::Object(map) => {
             let map: HashMap<Key, Value> = map
                 .iter()
@@ -33,7 +35,12 @@ pub fn from_json(json: &serde_json::Value) -> Value {
 pub fn from_labels(labels: &BTreeMap<String, String>) -> Value {
     let map: HashMap<Key, Value> = labels
         .iter()
-        .map(|(k, v)| (Key::String(Arc::new(k.clone())), Value::String(Arc::new(v.clone()))))
+        .map(|(k, v)| {
+            (
+                Key::String(Arc::new(k.clone())),
+                Value::String(Arc::new(v.clone())),
+            )
+        })
         .collect();
     Value::from(map)
 }

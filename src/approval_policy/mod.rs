@@ -176,7 +176,10 @@ impl CompiledPolicy {
                 name: Some(self.name.clone()),
                 rule: Some(spec.name.clone()),
                 action: spec.action,
-                message: spec.message.clone().filter(|_| spec.action == PolicyAction::Deny),
+                message: spec
+                    .message
+                    .clone()
+                    .filter(|_| spec.action == PolicyAction::Deny),
                 note: None,
             },
             required_approvals: require.then(|| spec.required_approvals.unwrap_or(1)),
@@ -234,7 +237,10 @@ fn run_condition(program: &Program, facts: &CallFacts<'_>) -> Result<bool, Strin
             "its condition gave {:?}, not a boolean",
             other.type_of()
         )),
-        Err(e) => Err(format!("its condition failed: {}", one_line(&e.to_string()))),
+        Err(e) => Err(format!(
+            "its condition failed: {}",
+            one_line(&e.to_string())
+        )),
     }
 }
 

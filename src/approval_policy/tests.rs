@@ -24,7 +24,11 @@ rules:
   approvers: {groups: ["finance:approvers"]}
 "#;
 
-fn decide(policies: &[Arc<CompiledPolicy>], tool: &str, args: serde_json::Value) -> Option<Requirement> {
+fn decide(
+    policies: &[Arc<CompiledPolicy>],
+    tool: &str,
+    args: serde_json::Value,
+) -> Option<Requirement> {
     let labels = BTreeMap::from([("team".to_owned(), "payments".to_owned())]);
     evaluate(
         policies,
@@ -45,7 +49,10 @@ fn the_first_matching_rule_decides() {
     assert!(p[0].errors().is_empty(), "{:?}", p[0].errors());
     let small = decide(&p, "refund", json!({"amount": 50})).unwrap();
     assert_eq!(small.decision.action, PolicyAction::Allow);
-    assert_eq!(small.decision.approver_id(), "policy:prod-writes/small-refunds");
+    assert_eq!(
+        small.decision.approver_id(),
+        "policy:prod-writes/small-refunds"
+    );
     assert_eq!(small.required_approvals, None);
     let drop = decide(&p, "drop_table", json!({})).unwrap();
     assert_eq!(drop.decision.action, PolicyAction::Deny);
@@ -57,7 +64,11 @@ fn the_first_matching_rule_decides() {
     assert_eq!(big.decision.action, PolicyAction::Require);
     assert_eq!(big.required_approvals, Some(2));
     assert_eq!(big.approvers.unwrap().groups, vec!["finance:approvers"]);
-    assert_eq!(decide(&p, "refund", json!({"amount": 500})), None, "no rule matched");
+    assert_eq!(
+        decide(&p, "refund", json!({"amount": 500})),
+        None,
+        "no rule matched"
+    );
     assert_eq!(decide(&p, "lookup", json!({})), None);
     assert_eq!(gates(&p), vec!["drop_*", "refund"]);
 }
@@ -76,7 +87,12 @@ rules:
     )];
     let args = json!({"items": [1, 2], "note": "xy", "ratio": 0.25});
     let r = decide(&p, "refund", args).unwrap();
-    assert_eq!(r.decision.action, PolicyAction::Deny, "{:?}", r.decision.note);
+    assert_eq!(
+        r.decision.action,
+        PolicyAction::Deny,
+        "{:?}",
+        r.decision.note
+    );
 }
 
 #[test]
@@ -99,13 +115,19 @@ rules:
         assert_eq!(r.required_approvals, Some(1), "{tool}");
         assert_eq!(r.decision.message, None, "{tool}");
         let note = r.decision.note.unwrap();
-        assert!(note.contains("could not be evaluated") && note.contains("a person decides"), "{note}");
+        assert!(
+            note.contains("could not be evaluated") && note.contains("a person decides"),
+            "{note}"
+        );
     }
 }
 
 #[test]
 fn the_strictest_policy_wins_and_selectors_choose_namespaces() {
-    let allow = policy("a-allow", "rules: [{name: r, tools: [refund], action: Allow}]");
+    let allow = policy(
+        "a-allow",
+        "rules: [{name: r, tools: [refund], action: Allow}]",
+    );
     let two = policy(
         "b-two",
         "rules: [{name: r, tools: [refund], action: Require, requiredApprovals: 2}]",
@@ -114,8 +136,16 @@ fn the_strictest_policy_wins_and_selectors_choose_namespaces() {
         "c-three",
         "rules: [{name: r, tools: ['ref*'], action: Require, requiredApprovals: 3}]",
     );
-    let deny = policy("d-deny", "rules: [{name: r, tools: [refund], action: Deny}]");
-    let r = decide(&[allow.clone(), two.clone(), three.clone()], "refund", json!({})).unwrap();
+    let deny = policy(
+        "d-deny",
+        "rules: [{name: r, tools: [refund], action: Deny}]",
+    );
+    let r = decide(
+        &[allow.clone(), two.clone(), three.clone()],
+        "refund",
+        json!({}),
+    )
+    .unwrap();
     assert_eq!(r.decision.name.as_deref(), Some("c-three"));
     assert_eq!(r.required_approvals, Some(3));
     let r = decide(&[three, deny, allow.clone()], "refund", json!({})).unwrap();
@@ -126,7 +156,10 @@ fn the_strictest_policy_wins_and_selectors_choose_namespaces() {
     let prod = policy("prod", PROD_WRITES);
     assert!(prod.selects(&BTreeMap::from([("tier".into(), "prod".into())])));
     assert!(!prod.selects(&BTreeMap::new()));
-    assert!(two.selects(&BTreeMap::new()), "no selector: every namespace");
+    assert!(
+        two.selects(&BTreeMap::new()),
+        "no selector: every namespace"
+    );
 }
 
 #[test]
@@ -135,5 +168,8 @@ fn gates_match_tool_names_with_globs() {
     assert!(gates.matches("drop_table") && gates.matches("refund"));
     assert!(!gates.matches("refunds") && !gates.matches("lookup"));
     assert!(!Gates::new(&[]).matches("refund"));
-    assert!(Gates::new(&["[".to_owned()]).matches("anything"), "fails closed");
+    assert!(
+        Gates::new(&["[".to_owned()]).matches("anything"),
+        "fails closed"
+    );
 }

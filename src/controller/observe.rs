@@ -16,14 +16,14 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::verify::DeciderRights;
-use crate::approval_policy::{self, CallFacts, CompiledPolicy, Requirement};
-use crate::crd::{PolicyAction, PolicyDecision};
 use super::{Context, ReconcileError, decide};
+use crate::approval_policy::{self, CallFacts, CompiledPolicy, Requirement};
 use crate::chunk_store;
 use crate::crd::keys::annotations;
 use crate::crd::policy::DecidedBy;
 use crate::crd::stored_state::StoredStateError;
 use crate::crd::{Agent, AgentRun, AgentRunPhase, AgentSpec, ApprovalRequest};
+use crate::crd::{PolicyAction, PolicyDecision};
 use crate::state::RunState;
 
 /// What one reconcile observed about a run. Plain data: planning is a pure function of it.
@@ -284,7 +284,11 @@ async fn decider_rights(
             .spec
             .decision
             .and(request.annotations().get(annotations::DECIDED_BY));
-        let vote_stamps = request.spec.votes.values().filter_map(|v| v.decided_by.as_ref());
+        let vote_stamps = request
+            .spec
+            .votes
+            .values()
+            .filter_map(|v| v.decided_by.as_ref());
         for text in decision_stamp.into_iter().chain(vote_stamps) {
             if let Ok(stamp) = DecidedBy::parse(text) {
                 stamps.entry(stamp.username.clone()).or_insert(stamp);

@@ -67,19 +67,17 @@ pub fn desired_status(policy: &ApprovalPolicy) -> ApprovalPolicyStatus {
 pub fn needs_update(policy: &ApprovalPolicy) -> bool {
     let current = policy.status.clone().unwrap_or_default();
     let desired = desired_status(policy);
-    let same = |a: &ApprovalPolicyStatus, b: &ApprovalPolicyStatus| {
-        match (
-            find_condition(&a.conditions, ConditionType::Ready),
-            find_condition(&b.conditions, ConditionType::Ready),
-        ) {
-            (Some(x), Some(y)) => {
-                x.status == y.status
-                    && x.reason == y.reason
-                    && x.message == y.message
-                    && x.observed_generation == y.observed_generation
-            }
-            _ => false,
+    let same = |a: &ApprovalPolicyStatus, b: &ApprovalPolicyStatus| match (
+        find_condition(&a.conditions, ConditionType::Ready),
+        find_condition(&b.conditions, ConditionType::Ready),
+    ) {
+        (Some(x), Some(y)) => {
+            x.status == y.status
+                && x.reason == y.reason
+                && x.message == y.message
+                && x.observed_generation == y.observed_generation
         }
+        _ => false,
     };
     !same(&current, &desired)
         || current.observed_generation != desired.observed_generation
@@ -158,7 +156,10 @@ mod tests {
         let status = desired_status(&p);
         assert_eq!(status.rule_names.as_deref(), Some("a,b"));
         let ready = find_condition(&status.conditions, ConditionType::Ready).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Compiled"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Compiled")
+        );
         assert_eq!(ready.observed_generation, Some(2));
         p.status = Some(status);
         assert!(!needs_update(&p), "written once, then left alone");
@@ -169,8 +170,15 @@ mod tests {
         let p = policy("rules: [{name: typo, tools: [x], when: 'args.n >', action: Allow}]");
         let status = desired_status(&p);
         let ready = find_condition(&status.conditions, ConditionType::Ready).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "CompileError"));
-        assert!(ready.message.starts_with("rule typo: when: "), "{}", ready.message);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CompileError")
+        );
+        assert!(
+            ready.message.starts_with("rule typo: when: "),
+            "{}",
+            ready.message
+        );
         assert!(ready.message.contains("need a person"), "{}", ready.message);
     }
 }

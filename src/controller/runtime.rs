@@ -9,11 +9,11 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::core::PartialObjectMeta;
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
@@ -205,12 +205,15 @@ async fn run_controllers(
         warn!("the ApprovalPolicies' cache cannot be shared; the controller does not start");
         return;
     };
-    let policy_watch = watcher(Api::<ApprovalPolicy>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(|p: &mut ApprovalPolicy| p.managed_fields_mut().clear())
-        .reflect_shared(policy_writer)
-        .inspect_ok(synced(&probe, APPROVAL_POLICIES))
-        .for_each(|_| future::ready(()));
+    let policy_watch = watcher(
+        Api::<ApprovalPolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|p: &mut ApprovalPolicy| p.managed_fields_mut().clear())
+    .reflect_shared(policy_writer)
+    .inspect_ok(synced(&probe, APPROVAL_POLICIES))
+    .for_each(|_| future::ready(()));
     let (namespace_reader, namespace_writer) = reflector::store();
     let namespace_config = match &config.namespace {
         Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
@@ -220,11 +223,11 @@ async fn run_controllers(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         namespace_config,
     )
-        .default_backoff()
-        .modify(|n| n.managed_fields_mut().clear())
-        .reflect(namespace_writer)
-        .inspect_ok(synced(&probe, NAMESPACES))
-        .for_each(|_| future::ready(()));
+    .default_backoff()
+    .modify(|n| n.managed_fields_mut().clear())
+    .reflect(namespace_writer)
+    .inspect_ok(synced(&probe, NAMESPACES))
+    .for_each(|_| future::ready(()));
     let waiting_for_agent = run_reader.clone();
     let agent_mapper = move |agent: Arc<Agent>| {
         let ns = agent.namespace();

@@ -111,7 +111,10 @@ pub struct ApprovalPolicySpec {
 pub struct ApprovalRule {
     /// The rule's name, unique in the policy: decisions it makes are recorded as made by
     /// `policy:<policy>/<rule>`.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// The tool names the rule applies to; `*` matches any characters, e.g. `drop_*`.
     #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 128)))]
@@ -316,6 +319,9 @@ rules:
         assert!(serde_yaml_ng::from_str::<ApprovalPolicySpec>("rules: []\nextra: 1").is_err());
         assert_eq!("Deny".parse::<PolicyAction>().unwrap(), PolicyAction::Deny);
         assert!("deny".parse::<PolicyAction>().is_err());
-        assert!(PolicyAction::Deny > PolicyAction::Require && PolicyAction::Require > PolicyAction::Allow);
+        assert!(
+            PolicyAction::Deny > PolicyAction::Require
+                && PolicyAction::Require > PolicyAction::Allow
+        );
     }
 }

@@ -41,8 +41,8 @@ pub use agent_run::{
     ToolCallRecord, WorkerOverrides,
 };
 pub use approval_policy::{
-    ApprovalPolicy, ApprovalPolicySpec, ApprovalPolicyStatus, ApprovalRule, Approvers, PolicyAction,
-    PolicyDecision,
+    ApprovalPolicy, ApprovalPolicySpec, ApprovalPolicyStatus, ApprovalRule, Approvers,
+    PolicyAction, PolicyDecision,
 };
 pub use approval_record::{ApprovalRecord, ApprovalRecordSpec};
 pub use approval_request::{

@@ -63,7 +63,12 @@ pub fn decision_of(spec: &ApprovalRequestSpec, voters: &[String]) -> Option<Deci
         let names: Vec<&str> = votes.iter().map(|(who, _)| who.as_str()).collect();
         let reasons: Vec<String> = votes
             .iter()
-            .map(|(who, v)| format!("{who}: {}", v.reason.as_deref().unwrap_or("no reason given")))
+            .map(|(who, v)| {
+                format!(
+                    "{who}: {}",
+                    v.reason.as_deref().unwrap_or("no reason given")
+                )
+            })
             .collect();
         return Some(DecisionOf {
             decision: Decision::Approved,
@@ -138,7 +143,10 @@ mod tests {
             ..Default::default()
         };
         let person = decision_of(&spec, &[]).unwrap();
-        assert_eq!((person.approver_id.as_str(), person.reason.as_deref()), ("alice", Some("ok")));
+        assert_eq!(
+            (person.approver_id.as_str(), person.reason.as_deref()),
+            ("alice", Some("ok"))
+        );
 
         spec = ApprovalRequestSpec {
             required_approvals: Some(2),
@@ -170,7 +178,10 @@ mod tests {
         let denied = decision_of(&spec, &[]).unwrap();
         assert_eq!(denied.decision, Decision::Rejected);
         assert_eq!(denied.approver_id, "policy:prod/no-drops");
-        assert_eq!(denied.reason.as_deref(), Some("denied by rule no-drops of ApprovalPolicy prod"));
+        assert_eq!(
+            denied.reason.as_deref(),
+            Some("denied by rule no-drops of ApprovalPolicy prod")
+        );
         assert_eq!(denied.message.as_deref(), Some("Not from agents."));
         spec.policy = Some(PolicyDecision::default());
         let allowed = decision_of(&spec, &[]).unwrap();
@@ -195,7 +206,11 @@ mod tests {
             arguments_digest(r#"{"amount": 50, "note": "\u00e9"}"#)
         );
         spec.edited_arguments = Some("[1]".into());
-        assert!(edited_arguments(&spec).unwrap_err().contains("not a JSON object"));
+        assert!(
+            edited_arguments(&spec)
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
         spec.edited_arguments = Some("{".into());
         assert!(edited_arguments(&spec).unwrap_err().contains("not JSON"));
     }

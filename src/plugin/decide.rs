@@ -314,7 +314,9 @@ async fn vote(
             "approvalrequest.agentrun.dev/{name}: {voter} voted Approved ({approvals} of {needed} approvals)\n"
         ),
         Decision::Rejected => {
-            format!("approvalrequest.agentrun.dev/{name}: {voter} voted Rejected (a rejection rejects it)\n")
+            format!(
+                "approvalrequest.agentrun.dev/{name}: {voter} voted Rejected (a rejection rejects it)\n"
+            )
         }
     })
 }
@@ -486,9 +488,19 @@ mod tests {
             r#"{"spec":{"decision":"Approved","approverId":"alice","reason":"capped","editedArguments":"{\"amount\": 50}"}}"#
         );
         edit.edited_arguments = Some("[50]".into());
-        assert!(edit.validate().unwrap_err().to_string().contains("JSON object"));
+        assert!(
+            edit.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
         edit.edited_arguments = Some("{".into());
-        assert!(edit.validate().unwrap_err().to_string().contains("not JSON"));
+        assert!(
+            edit.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("not JSON")
+        );
     }
 
     #[test]

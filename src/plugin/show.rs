@@ -282,7 +282,10 @@ pub fn render_text(view: &RunView) -> String {
                 Some(name) => {
                     out.push_str(&format!("    approval request: {name}\n"));
                     if let Some(requirement) = &call.requirement {
-                        out.push_str(&format!("    policy:           {}\n", one_line(requirement)));
+                        out.push_str(&format!(
+                            "    policy:           {}\n",
+                            one_line(requirement)
+                        ));
                     }
                     if !call.votes.is_empty() {
                         out.push_str(&format!(

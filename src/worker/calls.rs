@@ -25,8 +25,8 @@ use crate::agent::{HookError, RunHooks, ToolCallGate, ToolCallStart};
 use crate::controller::verify::normalize;
 use crate::crd::keys::{annotations, field_managers};
 use crate::crd::policy::DecidedBy;
-use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::request_decision::{approved_arguments_digest, recorded_decision};
+use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::{
     AgentRun, AgentSpec, ApprovalPhase, ApprovalRequest, Decision, ToolCallRecord,
     approval_request_name, arguments_digest,

@@ -14,3 +14,4 @@ mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;
 mod operator_e2e;
+mod policy_decisions;

@@ -337,6 +337,7 @@ impl ControlPlane {
                 "agentrun.yaml",
                 "approvalrequest.yaml",
                 "approvalrecord.yaml",
+                "approvalpolicy.yaml",
                 "runstatechunk.yaml",
             ]
             .map(|f| crds.join(f));

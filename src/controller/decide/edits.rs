@@ -35,15 +35,22 @@ fn checked(
     let edited = edited_arguments(spec)?.ok_or("there are none")?;
     let json: serde_json::Value =
         serde_json::from_str(&edited).map_err(|e| format!("they are not JSON: {e}"))?;
-    let tools = observed.agent_spec().map(|a| a.tools.as_slice()).unwrap_or_default();
+    let tools = observed
+        .agent_spec()
+        .map(|a| a.tools.as_slice())
+        .unwrap_or_default();
     let (index, tool_spec) = tools
         .iter()
         .enumerate()
         .find(|(_, t)| t.name == spec.tool_name)
         .ok_or_else(|| format!("the Agent has no tool {}", spec.tool_name))?;
     let tool = crate::agent::tool::Tool::from_spec(index, tool_spec).map_err(|e| e.to_string())?;
-    tool.check_arguments(&json)
-        .map_err(|problems| format!("they do not fit the schema of {}: {problems}", spec.tool_name))?;
+    tool.check_arguments(&json).map_err(|problems| {
+        format!(
+            "they do not fit the schema of {}: {problems}",
+            spec.tool_name
+        )
+    })?;
     let Some(requirement) = observed.evaluate_policies(&spec.tool_name, &json) else {
         return Ok(edited);
     };
@@ -70,10 +77,9 @@ fn checked(
                 (Some(approvers), Decider::Verified(identity)) => {
                     approvers.permits(&identity.username, &identity.groups)
                 }
-                (Some(approvers), _) => approvers.permits(
-                    request.spec.approver_id.as_deref().unwrap_or_default(),
-                    &[],
-                ),
+                (Some(approvers), _) => {
+                    approvers.permits(request.spec.approver_id.as_deref().unwrap_or_default(), &[])
+                }
             };
             if permitted {
                 Ok(edited)

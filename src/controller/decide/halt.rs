@@ -132,7 +132,9 @@ fn resolve(
                     .unwrap_or_else(|| "the request no longer matched the call".to_owned()),
             },
             (phase, _) => ResolvedKind::Superseded {
-                why: format!("the request is recorded {phase}, but its decision fields do not say so"),
+                why: format!(
+                    "the request is recorded {phase}, but its decision fields do not say so"
+                ),
             },
         };
         return resolved(kind, decided_at, decider, false);
@@ -147,7 +149,10 @@ fn resolve(
         // Decided by a policy when the request was made: no person, nothing to wait for.
         let kind = decision_of(&request.spec, &[]).map_or_else(
             || ResolvedKind::Superseded {
-                why: format!("the policy decision {:?} cannot be applied", decision.action),
+                why: format!(
+                    "the policy decision {:?} cannot be applied",
+                    decision.action
+                ),
             },
             |d| kind_of(d, None),
         );
@@ -164,7 +169,12 @@ fn resolve(
             Some((_, voters)) => {
                 let names: Vec<String> = voters.iter().map(|v| v.username.clone()).collect();
                 match decision_of(&request.spec, &names) {
-                    Some(d) => resolved(kind_of(d, None), observed.now, Some(Decider::Voters(voters)), true),
+                    Some(d) => resolved(
+                        kind_of(d, None),
+                        observed.now,
+                        Some(Decider::Voters(voters)),
+                        true,
+                    ),
                     None => CallOutcome::Waiting(expiry),
                 }
             }

@@ -457,8 +457,12 @@ fn verify_copy(observed: &Observed, state: &RunState, policy: &Policy) -> Result
             Some(ApprovalPhase::Approved) => true,
             None | Some(ApprovalPhase::Pending) => {
                 request.spec.decision.is_some()
-                    && verify::verify_decision(request, decision_context(observed), &policy.decisions)
-                        .is_ok()
+                    && verify::verify_decision(
+                        request,
+                        decision_context(observed),
+                        &policy.decisions,
+                    )
+                    .is_ok()
             }
             Some(_) => false,
         },

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::agent::runner::{call_body, find_call};
 use crate::approval_policy::CompiledPolicy;
 use crate::controller::plan::apply_decision;
 use crate::controller::verify::Decider;
-use crate::crd::{
-    Agent, ApprovalPolicy, ApprovalPolicySpec, ApprovalRequestStatus, Approvers, Decision, PolicyAction,
-    PolicyDecision, Vote, halted_state,
-};
-use crate::agent::runner::{call_body, find_call};
 use crate::crd::keys::annotations;
+use crate::crd::{
+    Agent, ApprovalPolicy, ApprovalPolicySpec, ApprovalRequestStatus, Approvers, Decision,
+    PolicyAction, PolicyDecision, Vote, halted_state,
+};
 
 fn policy(yaml: &str) -> Arc<CompiledPolicy> {
     let spec: ApprovalPolicySpec = serde_yaml_ng::from_str(yaml).unwrap();
@@ -61,7 +61,8 @@ fn vote(decision: Decision, user: &str, groups: &[&str]) -> Vote {
 
 #[test]
 fn requests_carry_the_rule_that_matched() {
-    let deny = policy("rules: [{name: no-deletes, tools: ['delete_*'], action: Deny, message: Never.}]");
+    let deny =
+        policy("rules: [{name: no-deletes, tools: ['delete_*'], action: Deny, message: Never.}]");
     let new = created(&awaiting(&[], &[deny]));
     let requirement = new.requirement.unwrap();
     assert_eq!(requirement.decision.action, PolicyAction::Deny);
@@ -75,9 +76,10 @@ fn requests_carry_the_rule_that_matched() {
     assert_eq!(requirement.required_approvals, Some(2));
     assert_eq!(requirement.approvers.unwrap().groups, vec!["sre"]);
 
-    let unmatched = policy("rules: [{name: other, tools: [delete_user], when: 'false', action: Deny}]");
+    let unmatched =
+        policy("rules: [{name: other, tools: [delete_user], when: 'false', action: Deny}]");
     assert_eq!(
-        created(&awaiting(&[], &[unmatched.clone()])).requirement,
+        created(&awaiting(&[], std::slice::from_ref(&unmatched))).requirement,
         None,
         "no rule matched and the Agent requires approval: a person decides"
     );
@@ -112,7 +114,10 @@ fn a_policy_decision_resumes_at_once_and_names_the_rule() {
     );
     let mut state = halted_state();
     apply_decision(&mut state, &decision).unwrap();
-    assert_eq!(state.rejection("call_1").unwrap().message.as_deref(), Some("Never."));
+    assert_eq!(
+        state.rejection("call_1").unwrap().message.as_deref(),
+        Some("Never.")
+    );
     assert_eq!(
         state.approval_metadata["call_1"].approver_id.as_deref(),
         Some("policy:prod/no-deletes")
@@ -120,7 +125,10 @@ fn a_policy_decision_resumes_at_once_and_names_the_rule() {
 
     request.spec.policy.as_mut().unwrap().action = PolicyAction::Allow;
     let decision = resumed(&awaiting(&[request], &[]));
-    assert!(matches!(decision.kind, ResolvedKind::Approved { .. }), "{decision:?}");
+    assert!(
+        matches!(decision.kind, ResolvedKind::Approved { .. }),
+        "{decision:?}"
+    );
 }
 
 fn created_by_carol(run: &AgentRun) -> AgentRun {
@@ -152,7 +160,10 @@ fn quorum_request(votes: Vec<(&str, Vote)>) -> ApprovalRequest {
 #[test]
 fn a_quorum_needs_distinct_permitted_stamped_approvals_and_any_rejection_rejects() {
     let one = quorum_request(vec![("alice", vote(Decision::Approved, "alice", &["sre"]))]);
-    assert_eq!(decide(&awaiting(&[one], &[]), &Policy::default()), Action::Wait);
+    assert_eq!(
+        decide(&awaiting(&[one], &[]), &Policy::default()),
+        Action::Wait
+    );
 
     let two = quorum_request(vec![
         ("alice", vote(Decision::Approved, "alice", &["sre"])),
@@ -178,7 +189,13 @@ fn a_quorum_needs_distinct_permitted_stamped_approvals_and_any_rejection_rejects
         ("bob", vote(Decision::Approved, "mallory", &["sre"])),
         ("dave", vote(Decision::Approved, "dave", &["dev"])),
         ("carol", vote(Decision::Approved, "carol", &["sre"])),
-        ("bob", Vote { decided_by: None, ..vote(Decision::Approved, "bob", &["sre"]) }),
+        (
+            "bob",
+            Vote {
+                decided_by: None,
+                ..vote(Decision::Approved, "bob", &["sre"])
+            },
+        ),
     ] {
         let request = quorum_request(vec![
             ("alice", vote(Decision::Approved, "alice", &["sre"])),
@@ -187,9 +204,14 @@ fn a_quorum_needs_distinct_permitted_stamped_approvals_and_any_rejection_rejects
         let mut observed = awaiting(&[request], &[]);
         observed.run = created_by_carol(&observed.run);
         match decide(&observed, &Policy::default()) {
-            Action::Record { resolved, refused, .. } => {
+            Action::Record {
+                resolved, refused, ..
+            } => {
                 assert!(resolved.is_empty());
-                assert!(refused[0].1.message.contains(&format!("the vote of {key}")), "{refused:?}");
+                assert!(
+                    refused[0].1.message.contains(&format!("the vote of {key}")),
+                    "{refused:?}"
+                );
             }
             other => panic!("{key}: expected the vote refused, got {other:?}"),
         }
@@ -219,22 +241,31 @@ fn edited(arguments: &str) -> ApprovalRequest {
 #[test]
 fn an_edit_fits_the_schema_and_passes_the_policies_again_or_the_call_does_not_run() {
     let decision = resumed(&awaiting(&[edited(r#"{"user_id":"u-2"}"#)], &[]));
-    let ResolvedKind::Approved { edited_arguments, .. } = &decision.kind else {
+    let ResolvedKind::Approved {
+        edited_arguments, ..
+    } = &decision.kind
+    else {
         panic!("{decision:?}")
     };
     assert_eq!(edited_arguments.as_deref(), Some(r#"{"user_id": "u-2"}"#));
     let mut state = halted_state();
     apply_decision(&mut state, &decision).unwrap();
     let call = find_call(&state.messages, "call_1").unwrap();
-    assert_eq!(call_body(&call).unwrap(), r#"{"user_id": "u-2"}"#, "the history shows the edit");
+    assert_eq!(
+        call_body(&call).unwrap(),
+        r#"{"user_id": "u-2"}"#,
+        "the history shows the edit"
+    );
     assert!(state.is_approved("call_1"));
     assert!(state.pending_approvals().is_empty());
 
-    let superseded = |request: ApprovalRequest, policies: &[Arc<CompiledPolicy>]| {
-        match resumed(&awaiting(&[request], policies)).kind {
-            ResolvedKind::Superseded { why } => why,
-            other => panic!("expected Superseded, got {other:?}"),
-        }
+    let superseded = |request: ApprovalRequest, policies: &[Arc<CompiledPolicy>]| match resumed(
+        &awaiting(&[request], policies),
+    )
+    .kind
+    {
+        ResolvedKind::Superseded { why } => why,
+        other => panic!("expected Superseded, got {other:?}"),
     };
     let mut agent_with_schema = awaiting(&[], &[]);
     let mut agent = Agent::test();
@@ -253,13 +284,22 @@ fn an_edit_fits_the_schema_and_passes_the_policies_again_or_the_call_does_not_ru
     let why = superseded(edited("[1]"), &[]);
     assert!(why.contains("not a JSON object"), "{why}");
 
-    let deny = policy("rules: [{name: no-admin, tools: [delete_user], when: \"args.user_id == 'admin'\", action: Deny, message: Never.}]");
+    let deny = policy(
+        "rules: [{name: no-admin, tools: [delete_user], when: \"args.user_id == 'admin'\", action: Deny, message: Never.}]",
+    );
     let why = superseded(edited(r#"{"user_id": "admin"}"#), &[deny]);
-    assert!(why.contains("policy:prod/no-admin denies them (Never.)"), "{why}");
-    let quorum = policy("rules: [{name: vip, tools: [delete_user], when: \"args.user_id == 'vip'\", action: Require, requiredApprovals: 2}]");
+    assert!(
+        why.contains("policy:prod/no-admin denies them (Never.)"),
+        "{why}"
+    );
+    let quorum = policy(
+        "rules: [{name: vip, tools: [delete_user], when: \"args.user_id == 'vip'\", action: Require, requiredApprovals: 2}]",
+    );
     let why = superseded(edited(r#"{"user_id": "vip"}"#), &[quorum]);
     assert!(why.contains("requires 2 approvals"), "{why}");
-    let others = policy("rules: [{name: hr, tools: [delete_user], action: Require, approvers: {groups: [hr]}}]");
+    let others = policy(
+        "rules: [{name: hr, tools: [delete_user], action: Require, approvers: {groups: [hr]}}]",
+    );
     let why = superseded(edited(r#"{"user_id": "u-3"}"#), &[others]);
     assert!(why.contains("allows other approvers"), "{why}");
 }
@@ -277,11 +317,25 @@ fn the_recorded_edit_is_what_the_copy_must_show() {
         ..Default::default()
     });
     let copy = |state: &RunState| {
-        crate::controller::verify::verify_copy(state, "r1", "uid-1", std::slice::from_ref(&request), |_| true)
+        crate::controller::verify::verify_copy(
+            state,
+            "r1",
+            "uid-1",
+            std::slice::from_ref(&request),
+            |_| true,
+        )
     };
     assert_eq!(copy(&state), Ok(()));
     let mut original = halted_state();
-    original.approve("call_1", crate::state::Approval::new().approver_id("alice@example.com").reason("CR-1234").at(decision.decided_at)).unwrap();
+    original
+        .approve(
+            "call_1",
+            crate::state::Approval::new()
+                .approver_id("alice@example.com")
+                .reason("CR-1234")
+                .at(decision.decided_at),
+        )
+        .unwrap();
     let why = copy(&original).unwrap_err();
     assert!(why.contains("not the ones approved"), "{why}");
 }

@@ -7,6 +7,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::Planner;
 use super::{Announcement, MAX_NOTE, Plan, Step, patch_run, truncate};
 use super::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
+use crate::agent::model::set_tool_call_arguments;
 use crate::controller::assertions;
 use crate::controller::decide::{ResolvedDecision, ResolvedKind};
 use crate::controller::resolutions::{self, Resolution};
@@ -15,7 +16,6 @@ use crate::crd::names::worker_pod_name;
 use crate::crd::status_patch::AgentRunStatusPatch;
 use crate::crd::stored_state::StoredState;
 use crate::crd::{AgentRunPhase, ApprovalRequest, ConditionStatus, EventReason, Reason};
-use crate::agent::model::set_tool_call_arguments;
 use crate::state::{Approval, DecisionError, Rejection, RunState, pyjson};
 
 impl Planner<'_> {
@@ -228,6 +228,13 @@ fn edit_call(state: &mut RunState, id: &str, edited: &str) -> Result<(), String>
 fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, String) {
     let who = |approver: &Option<String>| approver.as_deref().unwrap_or("unknown").to_owned();
     let why = |reason: &Option<String>| reason.as_deref().unwrap_or("no reason given").to_owned();
+    let by_policy = |person: EventReason| {
+        if decision.decider == Some(Decider::Policy) {
+            EventReason::PolicyDecided
+        } else {
+            person
+        }
+    };
     match &decision.kind {
         ResolvedKind::Approved {
             approver_id,
@@ -235,7 +242,7 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
             edited_arguments,
         } => (
             EventType::Normal,
-            EventReason::Approved,
+            by_policy(EventReason::Approved),
             format!(
                 "Approved by {}{}{}: {}",
                 who(approver_id),
@@ -254,7 +261,7 @@ fn decision_event(decision: &ResolvedDecision) -> (EventType, EventReason, Strin
             ..
         } => (
             EventType::Normal,
-            EventReason::Rejected,
+            by_policy(EventReason::Rejected),
             format!(
                 "Rejected by {}{}: {}",
                 who(approver_id),

@@ -5,8 +5,12 @@ use std::collections::BTreeSet;
 use kube::ResourceExt;
 
 use crate::agent::runner::{call_body, find_call};
-use crate::crd::request_decision::{DecisionOf, approved_arguments_digest, decision_of, recorded_decision};
-use crate::crd::{ApprovalPhase, ApprovalRequest, Decision, approval_request_name, arguments_digest};
+use crate::crd::request_decision::{
+    DecisionOf, approved_arguments_digest, decision_of, recorded_decision,
+};
+use crate::crd::{
+    ApprovalPhase, ApprovalRequest, Decision, approval_request_name, arguments_digest,
+};
 use crate::state::RunState;
 
 /// The decision on `request` as recorded, or (not yet recorded) as its decision fields say.
@@ -158,4 +162,3 @@ fn check_metadata(
     }
     Ok(())
 }
-

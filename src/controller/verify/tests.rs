@@ -2,15 +2,14 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::crd::{ApprovalPhase, Decision};
-use crate::state::RunState;
 use crate::crd::{ApprovalRequestStatus, halted_state};
+use crate::state::RunState;
 use crate::state::pyjson;
 use crate::state::{Approval, Rejection};
 
 static NO_RIGHTS: BTreeMap<String, DeciderRights> = BTreeMap::new();
 
-const ALICE: &str =
-    r#"{"username":"alice@example.com","uid":"","groups":["agentrun:approvers"]}"#;
+const ALICE: &str = r#"{"username":"alice@example.com","uid":"","groups":["agentrun:approvers"]}"#;
 
 fn cx(creator: Option<&str>) -> DecisionContext<'_> {
     DecisionContext {

@@ -56,10 +56,7 @@ pub fn approval_identity() -> Validating {
             ),
         ),
         variable("stamp", decided_by_stamp_expression()),
-        variable(
-            "votes",
-            "has(object.spec.votes) ? object.spec.votes : {}",
-        ),
+        variable("votes", "has(object.spec.votes) ? object.spec.votes : {}"),
         variable(
             "oldVotes",
             "oldObject != null && has(oldObject.spec.votes) ? oldObject.spec.votes : {}",

@@ -31,7 +31,7 @@ use kube::{Client, Resource};
 /// The documented way to approve, exactly.
 const APPROVE_PATCH: &str = r#"{"spec":{"decision":"Approved","approverId":"alice@example.com","reason":"authorized per change CR-1234"}}"#;
 /// The message of the rule that makes a decision final.
-const FINAL: &str = "a decision is final: decision, approverId, reason and message cannot change once decision is set";
+const FINAL: &str = agentrun::crd::approval_request::DECISION_FINAL_MESSAGE;
 /// Arguments with an integer no float can hold: they must come back byte for byte.
 const ARGUMENTS: &str = r#"{"host": "web-1", "replicas": 12345678901234567890123}"#;
 

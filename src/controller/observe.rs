@@ -21,7 +21,9 @@ use crate::chunk_store;
 use crate::crd::keys::annotations;
 use crate::crd::policy::DecidedBy;
 use crate::crd::stored_state::StoredStateError;
-use crate::crd::{Agent, AgentRun, AgentRunPhase, AgentSpec, ApprovalRequest};
+use crate::crd::{
+    Agent, AgentRun, AgentRunPhase, AgentSnapshot, AgentSpec, ApprovalRequest, ToolBinding,
+};
 use crate::state::RunState;
 
 /// What one reconcile observed about a run. Plain data: planning is a pure function of it.
@@ -55,8 +57,16 @@ pub struct Observed {
 impl Observed {
     /// How long a call of `tool` may wait for a decision, if its Agent sets a timeout.
     pub fn approval_timeout(&self, tool: &str) -> Option<Duration> {
-        let spec = self.agent_spec()?.tools.iter().find(|t| t.name == tool)?;
-        crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+        crate::agent::tool::parse_duration(self.tool_binding(tool)?.approval_timeout.as_deref()?)
+    }
+
+    /// Where a call of `tool` (an HTTP or MCP tool) goes and the definition it is bound to, in
+    /// the run's snapshot or (before it started) its Agent now.
+    pub fn tool_binding(&self, tool: &str) -> Option<ToolBinding> {
+        match self.run.status.as_ref().and_then(|s| s.agent.as_ref()) {
+            Some(snapshot) => snapshot.tool_binding(tool),
+            None => AgentSnapshot::of(self.agent.as_deref()?).tool_binding(tool),
+        }
     }
 
     /// The run's creator, as the admission policy stamped it at creation.
@@ -83,11 +93,7 @@ impl Observed {
 
     /// The definition digest of `tool` in the spec the run uses.
     pub fn tool_definition_digest(&self, tool: &str) -> Option<String> {
-        self.agent_spec()?
-            .tools
-            .iter()
-            .find(|t| t.name == tool)
-            .map(|t| t.definition_digest())
+        self.tool_binding(tool).map(|b| b.definition_digest)
     }
 
     /// Whether the run has finished for good.

@@ -223,6 +223,9 @@ async fn run_controllers(
         policies.clone(),
         synced(&probe, POLICIES_CHECKED),
     )));
+    let rediscover = config
+        .mcp_rediscovery
+        .unwrap_or(agent_status::DEFAULT_REDISCOVERY);
     let context = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
@@ -256,7 +259,7 @@ async fn run_controllers(
         .run(
             agent_status::reconcile,
             agent_status::error_policy,
-            Arc::new(agent_status::Context { client }),
+            Arc::new(agent_status::Context::new(client, rediscover)),
         )
         .for_each(|_| future::ready(()));
     tokio::select! {

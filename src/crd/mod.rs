@@ -16,6 +16,7 @@ pub mod conditions;
 #[cfg(test)]
 mod fixtures;
 pub mod keys;
+pub mod mcp;
 pub mod names;
 pub mod policy;
 pub mod reasons;
@@ -32,7 +33,10 @@ use kube::CustomResourceExt;
 
 pub use agent::{
     Agent, AgentSnapshot, AgentSpec, AgentStatus, HttpTool, ModelSpec, ScriptedModel,
-    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
+    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolBinding, ToolSpec,
+};
+pub use mcp::{
+    McpApproval, McpHeader, McpServerSpec, McpServerStatus, McpToolBinding, McpToolStatus,
 };
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,

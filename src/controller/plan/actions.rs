@@ -183,10 +183,7 @@ impl Planner<'_> {
         };
         let mut steps = vec![];
         for new in create {
-            let tool = self
-                .o
-                .agent_spec()
-                .and_then(|spec| spec.tools.iter().find(|t| t.name == new.call.tool_name));
+            let tool = self.o.tool_binding(&new.call.tool_name);
             let mut request = ApprovalRequest::new(
                 &new.name,
                 ApprovalRequestSpec {
@@ -200,8 +197,8 @@ impl Planner<'_> {
                     arguments_digest: crate::crd::arguments_digest(&new.arguments),
                     arguments: new.arguments.clone(),
                     run_creator: creator.clone(),
-                    tool_endpoint: tool.map(|t| t.endpoint().to_owned()),
-                    tool_definition_digest: tool.map(|t| t.definition_digest()),
+                    tool_endpoint: tool.as_ref().map(|t| t.endpoint.clone()),
+                    tool_definition_digest: tool.map(|t| t.definition_digest),
                     decision: None,
                     approver_id: None,
                     reason: None,

@@ -169,15 +169,38 @@ pub async fn list_tools(
     endpoint: &McpEndpoint<'_>,
     timeout: Duration,
 ) -> Result<Vec<serde_json::Value>, McpError> {
-    let listed = tokio::time::timeout(timeout, async {
+    tokio::time::timeout(timeout, async {
         let session = McpSession::open(client, endpoint).await?;
         let tools = session.list_tools().await;
         session.close().await;
         tools
     })
     .await
-    .map_err(|_| McpError::Timeout(timeout.as_secs()))?;
-    listed
+    .map_err(|_| McpError::Timeout(timeout.as_secs()))?
+}
+
+/// Lists the tools of each MCP server of `spec` now (with the headers `headers` gives a server)
+/// and binds the ones the spec allows: what a run outside Kubernetes (or a test) is bound to. The
+/// first server that cannot be listed is an error.
+pub async fn discover(
+    client: &reqwest::Client,
+    spec: &crate::crd::AgentSpec,
+    headers: impl Fn(&str) -> Vec<(String, String)>,
+    timeout: Duration,
+) -> Result<Vec<crate::crd::McpToolBinding>, (String, McpError)> {
+    let mut bound = vec![];
+    for server in &spec.mcp_servers {
+        let headers = headers(&server.name);
+        let endpoint = McpEndpoint {
+            url: &server.url,
+            headers: &headers,
+        };
+        let listed = list_tools(client, &endpoint, timeout)
+            .await
+            .map_err(|e| (server.name.clone(), e))?;
+        bound.extend(server.bindings(&listed));
+    }
+    Ok(bound)
 }
 
 /// The digest of the definition `name` has in `listed` (a `tools/list` answer of the server

@@ -24,7 +24,6 @@ use tracing::warn;
 use crate::agent::mcp::{McpEndpoint, list_tools};
 use crate::crd::agent::discovered_tools;
 use crate::crd::keys::field_managers;
-use crate::crd::mcp::{definition_digest, definition_of};
 use crate::crd::status_patch::StatusPatch;
 use crate::crd::{
     Agent, AgentStatus, ConditionStatus, ConditionType, McpServerSpec, McpServerStatus,
@@ -130,15 +129,13 @@ fn server_status(
     };
     match &listing.result {
         Ok(tools) => {
-            entry.tools = tools
-                .iter()
-                .filter_map(|tool| {
-                    let name = tool.get("name")?.as_str()?;
-                    server.allows(name).then(|| McpToolStatus {
-                        name: name.to_owned(),
-                        definition_digest: definition_digest(&server.name, &server.url, tool),
-                        definition: definition_of(tool),
-                    })
+            entry.tools = server
+                .bindings(tools)
+                .into_iter()
+                .map(|b| McpToolStatus {
+                    name: b.name,
+                    definition_digest: b.definition_digest,
+                    definition: b.definition,
                 })
                 .collect();
             entry.last_listed = Some(crate::time::to_k8s(listing.at));
@@ -212,6 +209,9 @@ pub fn needs_update(agent: &Agent, desired: &AgentStatus) -> bool {
         || current.mcp_servers != desired.mcp_servers
 }
 
+/// An Agent's namespace and name.
+type AgentKey = (String, String);
+
 /// What the Agents' status controller shares.
 pub struct Context {
     /// The Kubernetes client.
@@ -220,7 +220,7 @@ pub struct Context {
     pub rediscover: Duration,
     http: Option<reqwest::Client>,
     /// When each Agent's servers were last listed (namespace, name) and for which generation.
-    listed: Mutex<HashMap<(String, String), (Option<i64>, Instant)>>,
+    listed: Mutex<HashMap<AgentKey, (Option<i64>, Instant)>>,
 }
 
 impl Context {
@@ -460,6 +460,8 @@ mcpServers:
             ready.message
         );
     }
+
+    use crate::crd::mcp::definition_digest;
 
     #[test]
     fn discovery_records_allowed_tools_with_digests() {

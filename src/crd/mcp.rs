@@ -341,6 +341,24 @@ impl McpServerSpec {
     pub fn allows(&self, name: &str) -> bool {
         self.tools.is_empty() || self.tools.iter().any(|p| glob_matches(p, name))
     }
+
+    /// The tools of a `tools/list` answer of this server that the Agent allows, each with its
+    /// definition and digest.
+    pub fn bindings(&self, listed: &[serde_json::Value]) -> Vec<McpToolBinding> {
+        listed
+            .iter()
+            .filter_map(|tool| {
+                let name = tool.get("name")?.as_str()?;
+                self.allows(name).then(|| McpToolBinding {
+                    server: self.name.clone(),
+                    url: self.url.clone(),
+                    name: name.to_owned(),
+                    definition_digest: definition_digest(&self.name, &self.url, tool),
+                    definition: definition_of(tool),
+                })
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

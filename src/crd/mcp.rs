@@ -59,7 +59,10 @@ pub struct McpServerSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct McpHeader {
     /// The header's name, e.g. `Authorization`.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+    )]
     pub name: String,
     /// The Secret key holding the header's whole value (e.g. `Bearer abc…`).
     pub secret_key_ref: SecretKeyRef,
@@ -130,14 +133,13 @@ impl<'de> Deserialize<'de> for McpApproval {
 }
 
 /// `requireApproval` is a boolean or the string `fromAnnotations`: a structural schema cannot
-/// say "boolean or string", so the value is kept as written and checked by a CEL rule.
+/// say "boolean or string", so the node keeps the value as written, and its `enum` holds the three
+/// values allowed. (A CEL rule cannot check it: the API server compiles no rules on a node without
+/// a type.)
 fn require_approval_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "x-kubernetes-preserve-unknown-fields": true,
-        "x-kubernetes-validations": [{
-            "rule": "type(self) == bool || (type(self) == string && self == 'fromAnnotations')",
-            "message": "requireApproval must be true, false or fromAnnotations"
-        }]
+        "enum": [true, false, "fromAnnotations"]
     })
 }
 

@@ -112,21 +112,21 @@ impl McpSession {
     /// Calls `tool` with `arguments` (a JSON object's text, exactly the approved body) once:
     /// `Ok` holds the result text and whether the server flagged it `isError`.
     pub async fn call(&self, tool: &str, arguments: &str) -> Result<(String, bool), McpError> {
-        let arguments: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(arguments).map_err(|e| McpError::Request {
+        let arguments: serde_json::Map<String, serde_json::Value> = serde_json::from_str(arguments)
+            .map_err(|e| McpError::Request {
                 method: "tools/call",
                 message: format!("the arguments are not a JSON object: {e}"),
             })?;
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = Some(arguments);
-        let response = self
-            .service
-            .call_tool_once(params)
-            .await
-            .map_err(|e| McpError::Request {
-                method: "tools/call",
-                message: super::http::error_chain(&e),
-            })?;
+        let response =
+            self.service
+                .call_tool_once(params)
+                .await
+                .map_err(|e| McpError::Request {
+                    method: "tools/call",
+                    message: super::http::error_chain(&e),
+                })?;
         let CallToolResponse::Complete(result) = response else {
             return Err(McpError::Request {
                 method: "tools/call",
@@ -146,15 +146,15 @@ impl McpSession {
         {
             parts.push(structured.to_string());
         }
-        Ok((
-            bounded(parts.join("\n")),
-            result.is_error.unwrap_or(false),
-        ))
+        Ok((bounded(parts.join("\n")), result.is_error.unwrap_or(false)))
     }
 
     /// Ends the session (best effort).
     pub async fn close(mut self) {
-        let _ = self.service.close_with_timeout(Duration::from_secs(2)).await;
+        let _ = self
+            .service
+            .close_with_timeout(Duration::from_secs(2))
+            .await;
     }
 }
 

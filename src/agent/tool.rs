@@ -297,7 +297,9 @@ impl Tool {
             }),
             found => {
                 session.close().await;
-                let now = found.as_deref().unwrap_or("none: the server no longer lists it");
+                let now = found
+                    .as_deref()
+                    .unwrap_or("none: the server no longer lists it");
                 let why = format!(
                     "MCP server `{}` defines `{}` otherwise than when the run started (definition digest now {now}, bound {})",
                     mcp.server, self.name, mcp.definition_digest

@@ -65,7 +65,10 @@ pub fn desired_status(agent: &Agent, listings: &[Listing], now: DateTime<Utc>) -
         .collect();
     let at = crate::time::to_k8s(now);
     if agent.spec.mcp_servers.is_empty() {
-        remove_condition(&mut status.conditions, ConditionType::ToolsDiscovered.as_ref());
+        remove_condition(
+            &mut status.conditions,
+            ConditionType::ToolsDiscovered.as_ref(),
+        );
     } else {
         let (state, reason, message) = discovery_summary(&status.mcp_servers);
         crate::crd::set_condition(
@@ -152,10 +155,10 @@ fn discovery_summary(servers: &[McpServerStatus]) -> (ConditionStatus, Reason, S
     let failed: Vec<String> = servers
         .iter()
         .filter_map(|s| {
-            let error = s.error.as_deref().or(s
-                .last_listed
-                .is_none()
-                .then_some("not listed yet"))?;
+            let error = s
+                .error
+                .as_deref()
+                .or(s.last_listed.is_none().then_some("not listed yet"))?;
             let kept = if s.last_listed.is_some() {
                 format!(
                     " (runs get the {} tool(s) of its last listing)",
@@ -164,7 +167,10 @@ fn discovery_summary(servers: &[McpServerStatus]) -> (ConditionStatus, Reason, S
             } else {
                 " (runs get none of its tools)".to_owned()
             };
-            Some(format!("MCP server `{}` ({}): {error}{kept}", s.name, s.url))
+            Some(format!(
+                "MCP server `{}` ({}): {error}{kept}",
+                s.name, s.url
+            ))
         })
         .collect();
     if failed.is_empty() {
@@ -474,7 +480,11 @@ mcpServers:
         let status = desired_status(&a, &[listing(tools.clone())], Utc::now());
         let server = &status.mcp_servers[0];
         let names: Vec<&str> = server.tools.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["read_file", "delete_file"], "the allow-list applies");
+        assert_eq!(
+            names,
+            ["read_file", "delete_file"],
+            "the allow-list applies"
+        );
         assert_eq!(
             server.tools[0].definition_digest,
             definition_digest("files", "http://127.0.0.1:3/mcp", &tools[0])
@@ -527,7 +537,9 @@ mcpServers:
             ("False", "InvalidSpec")
         );
         assert!(
-            ready.message.contains("tool `lookup` of MCP server `files`")
+            ready
+                .message
+                .contains("tool `lookup` of MCP server `files`")
                 && ready.message.contains("HTTP tool `lookup`"),
             "{}",
             ready.message

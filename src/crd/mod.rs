@@ -35,9 +35,6 @@ pub use agent::{
     Agent, AgentSnapshot, AgentSpec, AgentStatus, HttpTool, ModelSpec, ScriptedModel,
     ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolBinding, ToolSpec,
 };
-pub use mcp::{
-    McpApproval, McpHeader, McpServerSpec, McpServerStatus, McpToolBinding, McpToolStatus,
-};
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
     ToolCallRecord, WorkerOverrides,
@@ -53,6 +50,9 @@ pub use conditions::{
 };
 #[cfg(test)]
 pub use fixtures::halted_state;
+pub use mcp::{
+    McpApproval, McpHeader, McpServerSpec, McpServerStatus, McpToolBinding, McpToolStatus,
+};
 pub use names::{approval_request_name, worker_pod_name};
 pub use reasons::{ConditionType, EventReason, Reason};
 pub use run_state_chunk::{RunStateChunk, RunStateChunkSpec};

@@ -96,8 +96,29 @@ impl Telemetry {
             .with_http()
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let service = std::env::var("OTEL_SERVICE_NAME")
+            .is_err()
+            .then_some(service);
+        Ok(Telemetry::install(exporter, service))
+    }
+
+    /// Exports to the OTLP/HTTP endpoint `endpoint` (e.g. `http://127.0.0.1:4318`; spans go to
+    /// `{endpoint}/v1/traces`) as `service`, whatever the environment says, as the global tracer
+    /// provider: for processes that cannot set their environment (tests).
+    pub fn to_endpoint(endpoint: &str, service: &str) -> Result<Telemetry, TelemetryError> {
+        use opentelemetry_otlp::WithExportConfig as _;
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        Ok(Telemetry::install(exporter, Some(service)))
+    }
+
+    fn install(exporter: opentelemetry_otlp::SpanExporter, service: Option<&str>) -> Telemetry {
         let mut resource = opentelemetry_sdk::Resource::builder();
-        if std::env::var("OTEL_SERVICE_NAME").is_err() {
+        if let Some(service) = service {
             resource = resource.with_service_name(service.to_owned());
         }
         let provider = SdkTracerProvider::builder()
@@ -106,9 +127,9 @@ impl Telemetry {
             .with_resource(resource.build())
             .build();
         opentelemetry::global::set_tracer_provider(provider.clone());
-        Ok(Telemetry {
+        Telemetry {
             provider: Some(provider),
-        })
+        }
     }
 
     /// Whether spans are exported.
@@ -123,8 +144,8 @@ impl Telemetry {
     {
         use tracing_subscriber::Layer as _;
         let provider = self.provider.as_ref()?;
-        let filter = tracing_subscriber::filter::Targets::new()
-            .with_target(TARGET, tracing::Level::TRACE);
+        let filter =
+            tracing_subscriber::filter::Targets::new().with_target(TARGET, tracing::Level::TRACE);
         Some(
             tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer(SCOPE))
@@ -263,7 +284,10 @@ mod tests {
         let a = run_traceparent("7b1c-uid");
         assert_eq!(a, run_traceparent("7b1c-uid"));
         assert_ne!(a, run_traceparent("other"));
-        assert!(a.starts_with("00-") && a.ends_with("-01") && a.len() == 55, "{a}");
+        assert!(
+            a.starts_with("00-") && a.ends_with("-01") && a.len() == 55,
+            "{a}"
+        );
         let cx = context_from_traceparent(&a).unwrap();
         let span = cx.span().span_context().clone();
         assert_eq!(span.trace_id(), run_span_context("7b1c-uid").trace_id());

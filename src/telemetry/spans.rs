@@ -24,8 +24,8 @@ fn system_time(time: &Time) -> SystemTime {
     SystemTime::from(crate::time::from_k8s(time))
 }
 
-/// Emits the root span of `run`, which just reached the final `phase`: `agentrun.run`, from the
-/// run's start to now, with the ids every span of the run has as parent.
+/// Emits the root span of `run`, which just reached the final `phase`: `agentrun.run {name}`, from
+/// the run's start to now, with the ids every span of the run has as parent.
 pub fn run_finished(run: &AgentRun, phase: AgentRunPhase, message: Option<&str>) {
     let Some(uid) = run.uid() else {
         return;
@@ -39,24 +39,28 @@ pub fn run_finished(run: &AgentRun, phase: AgentRunPhase, message: Option<&str>)
     let agent = run.spec.agent_ref.name.clone();
     let tracer = opentelemetry::global::tracer(SCOPE);
     let builder = tracer
-        .span_builder(format!("invoke_agent {agent}"))
+        .span_builder(format!("agentrun.run {}", run.name_any()))
         .with_kind(SpanKind::Internal)
         .with_start_time(start)
         .with_attributes(vec![
-            KeyValue::new("gen_ai.operation.name", "invoke_agent"),
             KeyValue::new("gen_ai.agent.name", agent),
             KeyValue::new("gen_ai.conversation.id", uid.clone()),
             KeyValue::new("agentrun.run.name", run.name_any()),
             KeyValue::new("agentrun.run.uid", uid.clone()),
             KeyValue::new("agentrun.run.phase", phase.to_string()),
-            KeyValue::new("agentrun.run.steps", i64::from(status.step.unwrap_or(0)) + 1),
+            KeyValue::new(
+                "agentrun.run.steps",
+                i64::from(status.step.unwrap_or(0)) + 1,
+            ),
             KeyValue::new("k8s.namespace.name", run.namespace().unwrap_or_default()),
         ]);
     let mut span = with_ids(&run_span_context(&uid), || {
         builder.start_with_context(&tracer, &Context::new())
     });
     if phase != AgentRunPhase::Succeeded {
-        span.set_status(Status::error(message.unwrap_or("the run failed").to_owned()));
+        span.set_status(Status::error(
+            message.unwrap_or("the run failed").to_owned(),
+        ));
     }
     span.end();
 }
@@ -94,11 +98,17 @@ pub fn approval(
         .map_or(decided_at, crate::time::from_k8s);
     let waited = (decided_at - created).num_milliseconds().max(0) as f64 / 1000.0;
     let mut attributes = vec![
-        KeyValue::new("agentrun.approval.decision", phase.to_string().to_lowercase()),
+        KeyValue::new(
+            "agentrun.approval.decision",
+            phase.to_string().to_lowercase(),
+        ),
         KeyValue::new("agentrun.approval.wait_seconds", waited),
         KeyValue::new("agentrun.approval.request", request.name_any()),
         KeyValue::new("agentrun.run.name", spec.agent_run_ref.name.clone()),
-        KeyValue::new("k8s.namespace.name", request.namespace().unwrap_or_default()),
+        KeyValue::new(
+            "k8s.namespace.name",
+            request.namespace().unwrap_or_default(),
+        ),
         KeyValue::new("gen_ai.tool.name", spec.tool_name.clone()),
         KeyValue::new("gen_ai.tool.call.id", spec.tool_call_id.clone()),
     ];

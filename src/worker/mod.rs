@@ -145,7 +145,10 @@ pub async fn run_step(
     info!(run = %name, step, "running step");
     let span = step_span(&run, &agent_name, step);
     let usage_before = (state.usage.input_tokens, state.usage.output_tokens);
-    let outcome = runner.step(&agent, &mut state).instrument(span.clone()).await;
+    let outcome = runner
+        .step(&agent, &mut state)
+        .instrument(span.clone())
+        .await;
     span.record(
         "gen_ai.usage.input_tokens",
         state.usage.input_tokens.saturating_sub(usage_before.0),

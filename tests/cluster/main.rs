@@ -13,4 +13,5 @@ mod attacks;
 mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;
+mod mcp_tools;
 mod operator_e2e;

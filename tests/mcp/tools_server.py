@@ -11,10 +11,12 @@ Tools:
 Every HTTP request is logged to --log (one JSON object per line: its JSON-RPC method, tool name
 and headers) and every executed tool call too ({"executed": tool, "arguments": ...}), so a test
 can count executions and check headers. --changed gives delete_file another description (a new
-definition digest); --require-header NAME=VALUE answers 401 to requests without that header.
+definition digest); --require-header NAME=VALUE answers 401 to requests without that header;
+--slow-read SECONDS makes read_file answer that much later (for timeouts).
 """
 
 import argparse
+import asyncio
 import json
 import sys
 import threading
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--log", required=True)
     parser.add_argument("--changed", action="store_true")
     parser.add_argument("--require-header", default=None)
+    parser.add_argument("--slow-read", type=float, default=0.0)
     args = parser.parse_args()
 
     def log(entry: dict) -> None:
@@ -56,8 +59,10 @@ def main() -> None:
         description="Reads a file.",
         annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True),
     )
-    def read_file(path: str) -> str:
+    async def read_file(path: str) -> str:
         log({"executed": "read_file", "arguments": {"path": path}})
+        if args.slow_read:
+            await asyncio.sleep(args.slow_read)
         return f"contents of {path}: hello"
 
     @server.tool(description="Always fails.", annotations=ToolAnnotations(readOnlyHint=True))

@@ -87,7 +87,11 @@ async fn a_gated_destructive_mcp_tool_halts_is_approved_and_runs_exactly_once() 
     );
     let bound = bind(&spec, vec![]).await;
     let names: Vec<&str> = bound.iter().map(|b| b.name.as_str()).collect();
-    assert_eq!(names, ["delete_file", "read_file"], "the allow-list applies");
+    assert_eq!(
+        names,
+        ["delete_file", "read_file"],
+        "the allow-list applies"
+    );
     let agent = Agent::from_bound("files-agent", &spec, &bound).expect("agent");
     assert!(agent.tool("delete_file").unwrap().requires_approval());
     assert!(!agent.tool("read_file").unwrap().requires_approval());
@@ -165,11 +169,20 @@ async fn a_tool_whose_definition_changed_after_the_halt_is_superseded_never_sent
     assert_eq!(outcome.status, RunStatus::Completed);
     assert_eq!(server.executed("delete_file"), 0, "never sent");
     let result = result_of(&outcome.state, "call_d");
-    assert!(result.contains("was not sent") && result.contains("changed the definition"), "{result}");
+    assert!(
+        result.contains("was not sent") && result.contains("changed the definition"),
+        "{result}"
+    );
     let superseded = hooks.superseded.lock().unwrap().clone();
     assert_eq!(superseded.len(), 1);
-    assert!(superseded[0].1.contains(&bound[0].definition_digest), "{:?}", superseded);
-    assert!(hooks.sent.lock().unwrap().is_empty(), "the send hook was never asked");
+    assert!(
+        superseded[0].1.contains(&bound[0].definition_digest),
+        "{superseded:?}"
+    );
+    assert!(
+        hooks.sent.lock().unwrap().is_empty(),
+        "the send hook was never asked"
+    );
 }
 
 #[tokio::test]
@@ -183,7 +196,11 @@ async fn an_is_error_result_is_a_tool_error_the_model_reads() {
     let bound = bind(&spec, vec![]).await;
     let agent = Agent::from_bound("files-agent", &spec, &bound).expect("agent");
     model
-        .push(Reply::tool_calls(&[("call_f", "fail", json!({"reason": "disk full"}))]))
+        .push(Reply::tool_calls(&[(
+            "call_f",
+            "fail",
+            json!({"reason": "disk full"}),
+        )]))
         .push(Reply::text("The disk is full."));
     let outcome = Runner::new().unwrap().run(&agent, "go").await.unwrap();
     assert_eq!(outcome.status, RunStatus::Completed);
@@ -209,7 +226,11 @@ async fn a_server_that_is_down_gives_a_tool_error_not_a_crash() {
     let agent = Agent::from_bound("files-agent", &spec, &bound).expect("agent");
     server.stop();
     model
-        .push(Reply::tool_calls(&[("call_r", "read_file", json!({"path": "/a"}))]))
+        .push(Reply::tool_calls(&[(
+            "call_r",
+            "read_file",
+            json!({"path": "/a"}),
+        )]))
         .push(Reply::text("The file server is down."));
     let outcome = Runner::new()
         .unwrap()
@@ -244,7 +265,11 @@ async fn headers_from_secrets_reach_the_server_and_are_required_by_it() {
         .expect("agent")
         .with_mcp_headers("files", std::slice::from_ref(&token));
     model
-        .push(Reply::tool_calls(&[("call_r", "read_file", json!({"path": "/a"}))]))
+        .push(Reply::tool_calls(&[(
+            "call_r",
+            "read_file",
+            json!({"path": "/a"}),
+        )]))
         .push(Reply::text("done"));
     let outcome = Runner::new().unwrap().run(&agent, "read").await.unwrap();
     assert_eq!(result_of(&outcome.state, "call_r"), "contents of /a: hello");
@@ -273,8 +298,14 @@ async fn the_reference_server_everything_gated_and_read_only_tools() {
         .collect();
     assert_eq!(names, [("math", "get-sum"), ("say", "echo")]);
     let agent = Agent::from_bound("everything-agent", &spec, &bound).expect("agent");
-    assert!(agent.tool("get-sum").unwrap().requires_approval(), "explicit true wins over readOnlyHint");
-    assert!(!agent.tool("echo").unwrap().requires_approval(), "readOnlyHint: true");
+    assert!(
+        agent.tool("get-sum").unwrap().requires_approval(),
+        "explicit true wins over readOnlyHint"
+    );
+    assert!(
+        !agent.tool("echo").unwrap().requires_approval(),
+        "readOnlyHint: true"
+    );
     model
         .push(Reply::tool_calls(&[
             ("call_e", "echo", json!({"message": "hi"})),
@@ -291,4 +322,93 @@ async fn the_reference_server_everything_gated_and_read_only_tools() {
     assert_eq!(outcome.status, RunStatus::Completed);
     let sum = result_of(&outcome.state, "call_s");
     assert!(sum.contains('5'), "{sum}");
+}
+
+#[tokio::test]
+async fn a_call_that_outlives_its_timeout_is_a_tool_error_and_the_run_goes_on() {
+    let server = PythonMcpServer::start(&PythonMcpOptions {
+        slow_read_seconds: 20,
+        ..Default::default()
+    });
+    let model = ModelServer::start().await;
+    let spec = spec(
+        &model,
+        json!({"name": "files", "url": server.url(), "requireApproval": false, "timeoutSeconds": 2}),
+    );
+    let bound = bind(&spec, vec![]).await;
+    let agent = Agent::from_bound("files-agent", &spec, &bound).expect("agent");
+    model
+        .push(Reply::tool_calls(&[(
+            "call_r",
+            "read_file",
+            json!({"path": "/a"}),
+        )]))
+        .push(Reply::text("The file server is too slow."));
+    let started = std::time::Instant::now();
+    let outcome = Runner::new()
+        .unwrap()
+        .run(&agent, "read /a")
+        .await
+        .expect("the run goes on");
+    let took = started.elapsed();
+    assert_eq!(outcome.status, RunStatus::Completed);
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let result = result_of(&outcome.state, "call_r");
+    assert_eq!(
+        result,
+        "tool error: no response from `read_file` (MCP server `files`) within 2 seconds"
+    );
+    assert_eq!(server.executed("read_file"), 1, "sent once, not retried");
+}
+
+/// Answers as the worker's gate does for calls an earlier, stopped worker had already recorded as
+/// started: re-send only what is idempotent, otherwise tell the model the outcome is unknown.
+struct AfterACrash;
+
+impl RunHooks for AfterACrash {
+    fn before_tool_call<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+    ) -> BoxFuture<'a, Result<ToolCallGate, HookError>> {
+        let gate = if call.idempotent {
+            ToolCallGate::Send
+        } else {
+            ToolCallGate::Skip {
+                result: "The outcome of this tool call is unknown".into(),
+            }
+        };
+        Box::pin(async move { Ok(gate) })
+    }
+}
+
+#[tokio::test]
+async fn after_a_crash_only_calls_of_tools_annotated_idempotent_are_sent_again() {
+    let server = PythonMcpServer::start(&PythonMcpOptions::default());
+    let model = ModelServer::start().await;
+    let spec = spec(
+        &model,
+        json!({"name": "files", "url": server.url(), "requireApproval": false}),
+    );
+    let bound = bind(&spec, vec![]).await;
+    let agent = Agent::from_bound("files-agent", &spec, &bound).expect("agent");
+    model
+        .push(Reply::tool_calls(&[
+            ("call_r", "read_file", json!({"path": "/a"})),
+            ("call_d", "delete_file", json!({"path": "/a"})),
+            ("call_f", "fail", json!({"reason": "x"})),
+        ]))
+        .push(Reply::text("done"));
+    let outcome = Runner::new()
+        .unwrap()
+        .with_hooks(Arc::new(AfterACrash))
+        .run(&agent, "go")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed);
+    // read_file is annotated idempotentHint: true; delete_file and fail are not (MCP has no
+    // idempotency key, so nothing else is sent twice).
+    assert_eq!(server.executed("read_file"), 1);
+    assert_eq!(server.executed("delete_file"), 0);
+    assert_eq!(server.executed("fail"), 0);
+    assert!(result_of(&outcome.state, "call_d").contains("unknown"));
 }

@@ -2,10 +2,10 @@
 //!
 //! - [`PythonMcpServer`]: `tests/mcp/tools_server.py`, written with the official Python SDK (`mcp`
 //!   on PyPI, [`PYTHON_MCP_VERSION`]; MCPServer, formerly FastMCP) and served over Streamable HTTP.
-//!   The SDK is installed with pip into a virtual environment in the system temp dir, once per
-//!   version. It logs every request (JSON-RPC method, headers) and every executed call.
+//!   The SDK is installed with pip into a virtual environment under the user cache dir
+//!   ([`cache_dir`]), once per version. It logs every request (JSON-RPC method, headers) and every executed call.
 //! - [`EverythingServer`]: the reference server `@modelcontextprotocol/server-everything`
-//!   ([`EVERYTHING_VERSION`]) from npm, installed into the temp dir, run with `node` in its
+//!   ([`EVERYTHING_VERSION`]) from npm, installed under the user cache dir, run with `node` in its
 //!   `streamableHttp` mode.
 //!
 //! Both stop when dropped. Installing fails the test with what went wrong (no network access to
@@ -24,6 +24,20 @@ pub const PYTHON_MCP_VERSION: &str = "2.3.0";
 
 /// The version of `@modelcontextprotocol/server-everything` the tests install.
 pub const EVERYTHING_VERSION: &str = "2026.8.31";
+
+/// Where installs are kept by version: `$AGENTRUN_CACHE_DIR`, else `$XDG_CACHE_HOME/agentrun`,
+/// else `~/.cache/agentrun` (as `scripts/build-control-plane` does), then `mcp/`.
+pub fn cache_dir() -> PathBuf {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let base = non_empty("AGENTRUN_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("agentrun")))
+        .or_else(|| non_empty("HOME").map(|h| PathBuf::from(h).join(".cache/agentrun")))
+        .unwrap_or_else(|| std::env::temp_dir().join("agentrun-cache"));
+    let dir = base.join("mcp");
+    std::fs::create_dir_all(&dir).expect("create the MCP install cache");
+    dir
+}
 
 /// Runs `command`, panicking with its output when it fails.
 fn run(command: &mut Command, what: &str) {
@@ -54,7 +68,11 @@ fn install_once(final_dir: &Path, install: impl FnOnce(&Path)) -> PathBuf {
     if std::fs::rename(&staging, final_dir).is_err() {
         // Another process finished first: use its install.
         let _ = std::fs::remove_dir_all(&staging);
-        assert!(marker.is_file(), "{} is not a finished install", final_dir.display());
+        assert!(
+            marker.is_file(),
+            "{} is not a finished install",
+            final_dir.display()
+        );
     }
     final_dir.to_path_buf()
 }
@@ -63,7 +81,7 @@ fn install_once(final_dir: &Path, install: impl FnOnce(&Path)) -> PathBuf {
 pub fn python_with_mcp() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("agentrun-mcp-python-{PYTHON_MCP_VERSION}"));
+        let dir = cache_dir().join(format!("python-mcp-{PYTHON_MCP_VERSION}"));
         let dir = install_once(&dir, |staging| {
             let started = Instant::now();
             run(
@@ -96,7 +114,7 @@ pub fn python_with_mcp() -> &'static Path {
 pub fn everything_script() -> &'static Path {
     static SCRIPT: OnceLock<PathBuf> = OnceLock::new();
     SCRIPT.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("agentrun-mcp-everything-{EVERYTHING_VERSION}"));
+        let dir = cache_dir().join(format!("server-everything-{EVERYTHING_VERSION}"));
         let dir = install_once(&dir, |staging| {
             run(
                 Command::new("npm")
@@ -153,6 +171,8 @@ pub struct PythonMcpOptions {
     pub changed: bool,
     /// Answer 401 unless this header (name, value) is sent.
     pub require_header: Option<(String, String)>,
+    /// Seconds `read_file` takes to answer (0: at once).
+    pub slow_read_seconds: u32,
 }
 
 /// `tests/mcp/tools_server.py` on 127.0.0.1 (tools `delete_file`, destructive; `read_file`,
@@ -203,7 +223,14 @@ impl PythonMcpServer {
             command.arg("--changed");
         }
         if let Some((name, value)) = &options.require_header {
-            command.arg("--require-header").arg(format!("{name}={value}"));
+            command
+                .arg("--require-header")
+                .arg(format!("{name}={value}"));
+        }
+        if options.slow_read_seconds > 0 {
+            command
+                .arg("--slow-read")
+                .arg(options.slow_read_seconds.to_string());
         }
         let mut child = command.spawn().expect("start the Python MCP server");
         wait_for_port(self.port, &mut child, &log);

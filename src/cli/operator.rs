@@ -60,11 +60,23 @@ fn telemetry(service: &str) -> Telemetry {
 }
 
 /// The `OTEL_*` settings of this process that worker Pods get too (their `service.name` is
-/// `agentrun-worker`), so that their spans go where the controller's go.
+/// `agentrun-worker`), so that their spans go where the controller's go. Left out: the export's
+/// headers (often a credential, which would be readable in every worker Pod's spec) and paths of
+/// certificate and key files (not in the worker's file system): a collector that needs either is
+/// reached by workers through one that does not.
 fn worker_telemetry_env() -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("OTEL_") && k != "OTEL_SERVICE_NAME")
-        .collect();
+    worker_telemetry_env_of(std::env::vars())
+}
+
+fn worker_telemetry_env_of(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let kept = |k: &str| {
+        k.starts_with("OTEL_")
+            && k != "OTEL_SERVICE_NAME"
+            && !k.ends_with("_HEADERS")
+            && !k.ends_with("_CERTIFICATE")
+            && !k.ends_with("_CLIENT_KEY")
+    };
+    let mut env: Vec<(String, String)> = vars.filter(|(k, _)| kept(k)).collect();
     if !env.is_empty() {
         env.push(("OTEL_SERVICE_NAME".into(), "agentrun-worker".into()));
     }
@@ -225,9 +237,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             admission_policy_prefix: Some(args.admission_policy_prefix),
             concurrency: Some(args.concurrency),
             state_cache_bytes: Some(args.state_cache_mib << 20),
-            mcp_rediscovery: Some(std::time::Duration::from_secs(
-                args.mcp_rediscovery_seconds,
-            )),
+            mcp_rediscovery: Some(std::time::Duration::from_secs(args.mcp_rediscovery_seconds)),
             signing: (!args.no_approval_assertions).then(|| SigningConfig {
                 namespace: args.controller_namespace.clone(),
                 secret_name: args.signing_key_secret.clone(),
@@ -297,4 +307,36 @@ pub fn worker(args: WorkerArgs) -> ExitCode {
     // A worker lives for one step: its spans are sent before it exits.
     telemetry.shutdown();
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_telemetry_env_of;
+
+    #[test]
+    fn workers_get_the_export_settings_but_no_credentials() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=s3cret"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/key.pem"),
+            ("OTEL_SERVICE_NAME", "my-controller"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+            ("RUST_LOG", "info"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let env = worker_telemetry_env_of(vars.into_iter());
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_SERVICE_NAME",
+                "OTEL_TRACES_SAMPLER"
+            ]
+        );
+        assert!(env.contains(&("OTEL_SERVICE_NAME".into(), "agentrun-worker".into())));
+        assert!(worker_telemetry_env_of(std::iter::empty()).is_empty());
+    }
 }

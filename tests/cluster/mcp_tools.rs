@@ -20,6 +20,7 @@ use agentrun_testkit::model_server::{ModelServer, Reply};
 use agentrun_testkit::operator::{Operator, start_operator_with, test_config};
 use agentrun_testkit::otel_collector::{Collector, ExportedSpan};
 use agentrun_testkit::runs::{approvers_role, requests_of, run_yaml, wait_for_phase};
+use agentrun_testkit::tool_server::ToolServer;
 use agentrun_testkit::wait::eventually;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::Role;
@@ -157,10 +158,15 @@ async fn an_approved_mcp_call_runs_once_and_the_run_is_one_trace() {
         ..Default::default()
     });
     let model = ModelServer::start().await;
+    // An HTTP tool beside the MCP server's: it gets the run's trace context too.
+    let http_tools = ToolServer::start().await;
     token_secret(cp, &ns.name).await;
+    let lookup = json!([{"name": "lookup_user", "description": "Look a user up", "requiresApproval": false,
+        "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}}},
+        "http": {"url": http_tools.url("/lookup_user"), "timeoutSeconds": 10}}]);
     cp.apply(
         Identity::Admin,
-        &agent(&ns.name, &model, json!([files_server(&server)]), json!([])),
+        &agent(&ns.name, &model, json!([files_server(&server)]), lookup),
     );
     let status =
         wait_for_condition(cp, &ns.name, ConditionType::ToolsDiscovered, "Discovered").await;
@@ -184,6 +190,7 @@ async fn an_approved_mcp_call_runs_once_and_the_run_is_one_trace() {
     model
         .push(Reply::tool_calls(&[
             ("call_r", "read_file", json!({"path": "/srv/a"})),
+            ("call_u", "lookup_user", json!({"user_id": "u1"})),
             ("call_d", "delete_file", json!({"path": "/srv/a"})),
         ]))
         .push(Reply::text("Read and deleted /srv/a."));
@@ -286,6 +293,13 @@ async fn an_approved_mcp_call_runs_once_and_the_run_is_one_trace() {
             .expect("traceparent to the model");
         assert_eq!(trace_id_of(traceparent), trace_id);
     }
+    let lookups = http_tools.requests_to("/lookup_user");
+    assert_eq!(lookups.len(), 1);
+    let http_traceparent = lookups[0]
+        .header("traceparent")
+        .expect("traceparent to the HTTP tool")
+        .to_owned();
+    assert_eq!(trace_id_of(&http_traceparent), trace_id);
 
     // One trace holds the run: the controller's root and approval spans, the workers' steps,
     // model requests and tool calls.
@@ -301,6 +315,8 @@ async fn an_approved_mcp_call_runs_once_and_the_run_is_one_trace() {
             "agentrun.run r1",
             "agentrun.approval delete_file",
             "execute_tool delete_file",
+            "execute_tool read_file",
+            "execute_tool lookup_user",
         ]
         .iter()
         .all(|n| names.contains(*n))
@@ -376,6 +392,17 @@ async fn an_approved_mcp_call_runs_once_and_the_run_is_one_trace() {
         let sent = headers[0]["traceparent"].as_str().unwrap();
         assert_eq!(sent.split('-').nth(2), Some(span.span_id.as_str()));
     }
+
+    let lookup = named("execute_tool lookup_user")[0];
+    assert_eq!(lookup.attr("agentrun.tool.kind").as_deref(), Some("http"));
+    assert_eq!(
+        lookup.attr("gen_ai.tool.call.id").as_deref(),
+        Some("call_u")
+    );
+    assert_eq!(
+        http_traceparent.split('-').nth(2),
+        Some(lookup.span_id.as_str())
+    );
 
     let approval = named("agentrun.approval delete_file")[0];
     assert_eq!(approval.parent_span_id, root.span_id);

@@ -10,5 +10,6 @@ pub mod controller;
 pub mod crd;
 pub mod plugin;
 pub mod state;
+pub mod telemetry;
 pub mod time;
 pub mod worker;

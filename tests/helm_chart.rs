@@ -711,6 +711,46 @@ async fn the_deployment_runs_the_controller_as_specified() {
             .unwrap();
         assert_eq!(env["valueFrom"]["fieldRef"]["fieldPath"], field, "{name}");
     }
+    // Traces are off unless an OTLP endpoint is given; then the standard variables are set (and
+    // the controller passes them on to worker Pods).
+    let otel_env = |c: &Value| -> Vec<(String, String)> {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"].as_str().is_some_and(|n| n.starts_with("OTEL_")))
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["value"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert!(otel_env(c).is_empty());
+    let traced = documents(&template(
+        cp,
+        "agentrun",
+        "agentrun-system",
+        &strings(&[
+            "tracing.otlpEndpoint=http://collector.observability:4318",
+            "tracing.sampler=parentbased_traceidratio",
+            "tracing.samplerArg=0.25",
+        ]),
+    ));
+    let traced = one_of_kind(&traced, "Deployment");
+    assert_eq!(
+        otel_env(&traced["spec"]["template"]["spec"]["containers"][0]),
+        [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://collector.observability:4318"
+            ),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    );
     assert_eq!(c["ports"][0]["containerPort"], 8080);
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");

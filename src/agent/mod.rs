@@ -3,11 +3,13 @@
 //! - [`Agent`]: a validated agent built from an [`AgentSpec`](crate::crd::AgentSpec), the
 //!   declarative shape a user writes (YAML/JSON locally, the `Agent` custom resource).
 //! - [`model`]: the model providers (OpenAI-compatible HTTP API, scripted turns).
-//! - [`tool`]: HTTP tools and argument validation.
+//! - [`tool`]: HTTP and MCP tools, argument validation; [`mcp`]: the MCP client (discovery and
+//!   calls over Streamable HTTP).
 //! - [`runner`]: the loop itself, [`Runner`], which halts when a tool call needs a person's
 //!   decision and resumes from a [`RunState`](crate::state::RunState).
 
 mod http;
+pub mod mcp;
 pub mod model;
 pub mod runner;
 pub mod tool;
@@ -22,8 +24,8 @@ pub use runner::{
 };
 pub use tool::Tool;
 
-use crate::crd::AgentSpec;
 use crate::crd::agent::DEFAULT_MAX_TURNS;
+use crate::crd::{AgentSpec, McpToolBinding};
 
 /// Errors loading or validating an agent definition.
 #[derive(Debug, thiserror::Error)]
@@ -91,8 +93,20 @@ impl Agent {
     }
 
     /// Builds an agent from a spec under the given name (e.g. the `Agent` resource's
-    /// `metadata.name`); the spec's own `name`, if any, is ignored.
+    /// `metadata.name`); the spec's own `name`, if any, is ignored. Its MCP servers contribute no
+    /// tools: see [`Agent::from_bound`].
     pub fn from_spec_with_name(name: &str, spec: &AgentSpec) -> Result<Agent, AgentError> {
+        Agent::from_bound(name, spec, &[])
+    }
+
+    /// Builds an agent from a spec and the MCP tools it is bound to (a run's snapshot, or what
+    /// discovery found). Every tool name must be unique among the HTTP tools and all servers'
+    /// tools: a collision is an error naming both.
+    pub fn from_bound(
+        name: &str,
+        spec: &AgentSpec,
+        mcp_tools: &[McpToolBinding],
+    ) -> Result<Agent, AgentError> {
         if name.trim().is_empty() {
             return Err(AgentError::invalid("name", "must not be empty"));
         }
@@ -111,6 +125,51 @@ impl Agent {
                 return Err(AgentError::invalid(
                     format!("tools[{i}].name"),
                     format!("duplicate tool name `{}`", tool.name()),
+                ));
+            }
+            tools.push(tool);
+        }
+        let mut servers = HashSet::new();
+        for (i, server) in spec.mcp_servers.iter().enumerate() {
+            if !servers.insert(server.name.as_str()) {
+                return Err(AgentError::invalid(
+                    format!("mcpServers[{i}].name"),
+                    format!("duplicate MCP server name `{}`", server.name),
+                ));
+            }
+            let url_ok = reqwest::Url::parse(&server.url)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+            if !url_ok {
+                return Err(AgentError::invalid(
+                    format!("mcpServers[{i}].url"),
+                    format!("`{}` must be an http or https URL", server.url),
+                ));
+            }
+        }
+        for bound in mcp_tools {
+            let server = spec
+                .mcp_servers
+                .iter()
+                .find(|s| s.name == bound.server)
+                .ok_or_else(|| {
+                    AgentError::invalid(
+                        "mcpServers",
+                        format!("no server `{}` for tool `{}`", bound.server, bound.name),
+                    )
+                })?;
+            let tool = Tool::from_mcp(server, bound)?;
+            if let Some(other) = tools.iter().find(|t| t.name() == tool.name()) {
+                let other = match other.mcp_server() {
+                    Some(s) => format!("tool `{}` of MCP server `{s}`", other.name()),
+                    None => format!("HTTP tool `{}` (tools[])", other.name()),
+                };
+                return Err(AgentError::invalid(
+                    format!("mcpServers[{}]", server.name),
+                    format!(
+                        "tool `{}` of MCP server `{}` has the name of {other}: the model could not tell them apart; leave one out (`tools` allow-list) or rename the HTTP tool",
+                        tool.name(),
+                        server.name
+                    ),
                 ));
             }
             tools.push(tool);
@@ -153,6 +212,17 @@ impl Agent {
     /// effect for the scripted model.
     pub fn with_api_key(mut self, key: ApiKey) -> Agent {
         self.model.set_api_key(key);
+        self
+    }
+
+    /// Sets the headers (name, value) sent to MCP server `server`, e.g. read from the Secrets
+    /// its spec names.
+    pub fn with_mcp_headers(mut self, server: &str, headers: &[(String, String)]) -> Agent {
+        for tool in &mut self.tools {
+            if tool.mcp_server() == Some(server) {
+                tool.set_mcp_headers(headers.to_vec());
+            }
+        }
         self
     }
 

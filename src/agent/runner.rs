@@ -11,10 +11,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use tracing::Instrument;
 
 use super::Agent;
 use super::http::{build_client, error_chain};
 use super::model::{self, ModelError, ModelRequest, RetryPolicy, ToolArguments, ToolCall};
+use super::tool::{NotSent, Prepared};
 use crate::approval_policy::Gates;
 use crate::state::pyjson::{self, Value};
 use crate::state::{DEFAULT_REJECTION_MESSAGE, DeferredToolCall, RunState};
@@ -121,6 +123,9 @@ pub struct ToolCallStart<'a> {
     pub requires_approval: bool,
     /// Whether the tool declares repeated calls with the same key safe.
     pub idempotent: bool,
+    /// For an MCP tool: the digest of the definition its server lists now (equal to the one the
+    /// run is bound to, or the call would not have come this far).
+    pub definition_digest: Option<&'a str>,
 }
 
 /// What the hook decides about a call about to be sent.
@@ -167,6 +172,18 @@ pub trait RunHooks: Send + Sync {
         &'a self,
         call: ToolCallStart<'a>,
     ) -> BoxFuture<'a, Result<ToolCallGate, HookError>>;
+
+    /// Called instead of [`before_tool_call`](Self::before_tool_call) when a call is not sent
+    /// because its MCP server now defines the tool otherwise than the run is bound to (the call
+    /// is superseded; `why` names both digests). An error stops the run.
+    fn tool_superseded<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+        why: &'a str,
+    ) -> BoxFuture<'a, Result<(), HookError>> {
+        let _ = (call, why);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Settings of a [`Runner`].
@@ -397,16 +414,76 @@ impl Runner {
             }));
         }
         let body = body_of(&arguments, &json);
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "execute_tool",
+            otel.name = %format!("execute_tool {}", call.name),
+            otel.kind = "internal",
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call.id,
+            gen_ai.tool.type = "function",
+            agentrun.tool.kind = tool.kind(),
+            agentrun.tool.endpoint = %tool.endpoint(),
+            agentrun.tool.requires_approval = tool.requires_approval(),
+            agentrun.mcp.server = tool.mcp_server().unwrap_or_default(),
+            agentrun.tool.outcome = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let answer = self
+            .send_call(tool, state, call, &arguments, body)
+            .instrument(span.clone())
+            .await?;
+        if let CallResult::Answer(text) = &answer {
+            let outcome = if text.starts_with("tool error:") {
+                span.record("error.type", "tool_error");
+                "error"
+            } else {
+                "ok"
+            };
+            span.record("agentrun.tool.outcome", outcome);
+        }
+        Ok(answer)
+    }
+
+    /// Sends an allowed call (approved, or of a tool that needs no approval): the MCP server's
+    /// definition checked, the hook asked, then the call.
+    async fn send_call(
+        &self,
+        tool: &super::Tool,
+        state: &RunState,
+        call: &ToolCall,
+        arguments: &Value,
+        body: String,
+    ) -> Result<CallResult, RunError> {
+        let trace = crate::telemetry::current_headers();
+        let prepared = match tool.prepare(&self.client, &trace).await {
+            Ok(prepared) => prepared,
+            Err(NotSent::Failed(result)) => return Ok(CallResult::Answer(result)),
+            Err(NotSent::Superseded { why, result }) => {
+                tracing::Span::current().record("agentrun.tool.outcome", "superseded");
+                if let Some(hooks) = &self.hooks {
+                    let start = self.start_of(tool, state, call, arguments, &body, None);
+                    hooks
+                        .tool_superseded(start, &why)
+                        .await
+                        .map_err(|source| RunError::Hook {
+                            tool_call_id: call.id.clone(),
+                            source,
+                        })?;
+                }
+                return Ok(CallResult::Answer(result));
+            }
+        };
+        let live_digest = match &prepared {
+            Prepared::Mcp {
+                definition_digest, ..
+            } => Some(definition_digest.clone()),
+            Prepared::Http => None,
+        };
         let mut assertion = None;
         if let Some(hooks) = &self.hooks {
-            let start = ToolCallStart {
-                tool_call_id: &call.id,
-                tool_name: &call.name,
-                arguments: &arguments,
-                body: &body,
-                requires_approval: approved,
-                idempotent: tool.idempotent(),
-            };
+            let start = self.start_of(tool, state, call, arguments, &body, live_digest.as_deref());
             let gate = hooks
                 .before_tool_call(start)
                 .await
@@ -424,12 +501,36 @@ impl Runner {
         Ok(CallResult::Answer(
             tool.call(
                 &self.client,
+                prepared,
                 &super::tool::idempotency_key(&state.run_id, &call.id),
                 body,
                 assertion.as_deref(),
+                &trace,
             )
             .await,
         ))
+    }
+
+    /// What the hooks are told of a call about to be sent. `requires_approval` is whether the
+    /// call was approved: an approved call is always checked, whatever the gates say now.
+    fn start_of<'a>(
+        &self,
+        tool: &super::Tool,
+        state: &RunState,
+        call: &'a ToolCall,
+        arguments: &'a Value,
+        body: &'a str,
+        definition_digest: Option<&'a str>,
+    ) -> ToolCallStart<'a> {
+        ToolCallStart {
+            tool_call_id: &call.id,
+            tool_name: &call.name,
+            arguments,
+            body,
+            requires_approval: state.is_approved(&call.id),
+            idempotent: tool.idempotent(),
+            definition_digest,
+        }
     }
 }
 

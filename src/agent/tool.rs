@@ -1,5 +1,6 @@
-//! HTTP tools: the spec validated into a [`Tool`], argument checking against the tool's JSON
-//! Schema, and the HTTP call itself.
+//! Tools: an HTTP tool's spec or an MCP tool's bound definition validated into a [`Tool`],
+//! argument checking against the tool's JSON Schema, and the call itself (an HTTP POST, or an MCP
+//! `tools/call` after checking the server still defines the tool as the run is bound to).
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,7 +8,8 @@ use std::time::Duration;
 
 use super::AgentError;
 use super::http::{error_chain, excerpt, read_body_limited};
-use crate::crd::ToolSpec;
+use super::mcp::{McpEndpoint, McpSession, listed_digest};
+use crate::crd::{McpServerSpec, McpToolBinding, ToolSpec};
 
 /// Seconds to wait for a tool's response when `http.timeoutSeconds` is not set.
 pub const DEFAULT_TOOL_TIMEOUT_SECONDS: u32 = 30;
@@ -27,7 +29,19 @@ pub struct Tool {
     approval_timeout: Option<Duration>,
     idempotent: bool,
     url: reqwest::Url,
+    /// The URL exactly as the spec writes it (what requests show and digests cover).
+    endpoint: String,
     timeout: Duration,
+    mcp: Option<McpTarget>,
+}
+
+/// Where an MCP tool lives and the definition a run is bound to.
+#[derive(Clone)]
+struct McpTarget {
+    server: String,
+    definition_digest: String,
+    /// The configured headers' values (read from Secrets by the worker), never shown.
+    headers: Vec<(String, String)>,
 }
 
 impl fmt::Debug for Tool {
@@ -36,21 +50,45 @@ impl fmt::Debug for Tool {
             .field("name", &self.name)
             .field("requires_approval", &self.requires_approval)
             .field("url", &self.url.as_str())
+            .field("mcp_server", &self.mcp.as_ref().map(|m| m.server.as_str()))
             .finish_non_exhaustive()
     }
+}
+
+/// A tool ready to be called: an HTTP tool, or an MCP tool whose server still defines it as bound
+/// (its session open).
+#[derive(Debug)]
+pub enum Prepared {
+    /// An HTTP tool.
+    Http,
+    /// An MCP tool, with the digest of the definition its server lists now.
+    Mcp {
+        /// The open session.
+        session: McpSession,
+        /// The digest of the definition the server lists now (equal to the bound one).
+        definition_digest: String,
+    },
+}
+
+/// Why a tool call is not sent: the text the model gets instead.
+#[derive(Debug)]
+pub enum NotSent {
+    /// The server could not be reached or listed: a tool error.
+    Failed(String),
+    /// The MCP server defines the tool otherwise than when the run started.
+    Superseded {
+        /// For the record: the digests.
+        why: String,
+        /// The tool result.
+        result: String,
+    },
 }
 
 impl Tool {
     /// Validates the spec of the tool at `tools[index]`.
     pub fn from_spec(index: usize, spec: &ToolSpec) -> Result<Tool, AgentError> {
         let field = |name: &str| format!("tools[{index}].{name}");
-        let name_ok = !spec.name.is_empty()
-            && spec.name.len() <= 64
-            && spec
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !name_ok {
+        if !valid_name(&spec.name) {
             return Err(AgentError::invalid(
                 field("name"),
                 format!(
@@ -115,8 +153,178 @@ impl Tool {
             approval_timeout,
             idempotent: spec.idempotent.unwrap_or(true),
             url,
+            endpoint: spec.http.url.clone(),
             timeout: Duration::from_secs(u64::from(timeout_seconds)),
+            mcp: None,
         })
+    }
+
+    /// Validates an MCP tool the run is bound to (`server` is the spec of its server).
+    pub fn from_mcp(server: &McpServerSpec, bound: &McpToolBinding) -> Result<Tool, AgentError> {
+        let field = format!("mcpServers[{}].tools[{}]", server.name, bound.name);
+        if !valid_name(&bound.name) {
+            return Err(AgentError::invalid(
+                &field,
+                format!(
+                    "the server's tool name `{}` cannot be offered to a model (1 to 64 letters, digits, `_` or `-`): leave it out of `tools`",
+                    bound.name
+                ),
+            ));
+        }
+        let definition = &bound.definition;
+        let parameters = match definition.get("inputSchema") {
+            Some(schema @ serde_json::Value::Object(_)) => schema.clone(),
+            None => serde_json::json!({"type": "object", "properties": {}}),
+            Some(_) => {
+                return Err(AgentError::invalid(
+                    &field,
+                    "the server's inputSchema is not a JSON Schema object",
+                ));
+            }
+        };
+        let validator = jsonschema::validator_for(&parameters).map_err(|e| {
+            AgentError::invalid(
+                &field,
+                format!("the server's inputSchema is not a valid JSON Schema: {e}"),
+            )
+        })?;
+        let url = reqwest::Url::parse(&server.url).map_err(|e| {
+            AgentError::invalid(
+                format!("mcpServers[{}].url", server.name),
+                format!("`{}`: {e}", server.url),
+            )
+        })?;
+        let text = |key: &str| definition.get(key).and_then(serde_json::Value::as_str);
+        let description = text("description")
+            .or(text("title"))
+            .unwrap_or_default()
+            .to_owned();
+        let hints = bound.hints();
+        let approval_timeout = server
+            .approval_timeout
+            .as_deref()
+            .map(|t| {
+                parse_duration(t).ok_or_else(|| {
+                    AgentError::invalid(
+                        format!("mcpServers[{}].approvalTimeout", server.name),
+                        format!("`{t}` is not a duration like `30m`, `24h` or `1h30m`"),
+                    )
+                })
+            })
+            .transpose()?;
+        Ok(Tool {
+            name: bound.name.clone(),
+            description,
+            parameters,
+            validator: Arc::new(validator),
+            requires_approval: server.require_approval.requires_approval(&hints),
+            approval_timeout,
+            // MCP has no idempotency key: only a tool the server declares idempotent is re-sent
+            // after a crash left its outcome unknown.
+            idempotent: hints.idempotent == Some(true),
+            url,
+            endpoint: server.url.clone(),
+            timeout: Duration::from_secs(u64::from(
+                server
+                    .timeout_seconds
+                    .unwrap_or(DEFAULT_TOOL_TIMEOUT_SECONDS)
+                    .max(1),
+            )),
+            mcp: Some(McpTarget {
+                server: server.name.clone(),
+                definition_digest: bound.definition_digest.clone(),
+                headers: vec![],
+            }),
+        })
+    }
+
+    /// The MCP server's name, for an MCP tool.
+    pub fn mcp_server(&self) -> Option<&str> {
+        self.mcp.as_ref().map(|m| m.server.as_str())
+    }
+
+    /// Sets the headers sent to this tool's MCP server (no effect on HTTP tools).
+    pub(crate) fn set_mcp_headers(&mut self, headers: Vec<(String, String)>) {
+        if let Some(mcp) = self.mcp.as_mut() {
+            mcp.headers = headers;
+        }
+    }
+
+    /// Makes a call ready: nothing for an HTTP tool; for an MCP tool, opens a session (with
+    /// `extra_headers`, e.g. `traceparent`) and checks that the server lists the tool with the
+    /// definition the run is bound to.
+    pub async fn prepare(
+        &self,
+        client: &reqwest::Client,
+        extra_headers: &[(String, String)],
+    ) -> Result<Prepared, NotSent> {
+        let Some(mcp) = &self.mcp else {
+            return Ok(Prepared::Http);
+        };
+        let headers: Vec<(String, String)> =
+            mcp.headers.iter().chain(extra_headers).cloned().collect();
+        let endpoint = McpEndpoint {
+            url: &self.endpoint,
+            headers: &headers,
+        };
+        let checked = tokio::time::timeout(self.timeout, async {
+            let session = McpSession::open(client, &endpoint).await?;
+            let listed = session.list_tools().await?;
+            Ok::<_, super::mcp::McpError>((session, listed))
+        })
+        .await;
+        let (session, listed) = match checked {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::warn!(tool = %self.name, server = %mcp.server, error = %e, "MCP server unavailable");
+                return Err(NotSent::Failed(format!(
+                    "tool error: MCP server `{}` is unavailable: {e}",
+                    mcp.server
+                )));
+            }
+            Err(_) => {
+                return Err(NotSent::Failed(format!(
+                    "tool error: MCP server `{}` did not answer within {} seconds",
+                    mcp.server,
+                    self.timeout.as_secs()
+                )));
+            }
+        };
+        match listed_digest(&listed, &mcp.server, &self.endpoint, &self.name) {
+            Some(digest) if digest == mcp.definition_digest => Ok(Prepared::Mcp {
+                session,
+                definition_digest: digest,
+            }),
+            found => {
+                session.close().await;
+                let now = found
+                    .as_deref()
+                    .unwrap_or("none: the server no longer lists it");
+                let why = format!(
+                    "MCP server `{}` defines `{}` otherwise than when the run started (definition digest now {now}, bound {})",
+                    mcp.server, self.name, mcp.definition_digest
+                );
+                tracing::warn!(tool = %self.name, server = %mcp.server, %why, "not sending a call of a changed tool");
+                Err(NotSent::Superseded {
+                    result: format!(
+                        "tool error: the call was not sent: MCP server `{}` changed the definition of `{}` since this run started, so an approval or the tool list the run was given no longer describes it. Start a new run to use the changed tool.",
+                        mcp.server, self.name
+                    ),
+                    why,
+                })
+            }
+        }
+    }
+
+    /// The URL calls go to, exactly as the spec writes it (an HTTP tool's `http.url`, an MCP
+    /// server's `url`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// `http` or `mcp`.
+    pub fn kind(&self) -> &'static str {
+        if self.mcp.is_some() { "mcp" } else { "http" }
     }
 
     /// The tool's name as the model sees it.
@@ -199,21 +407,98 @@ impl Tool {
         Err(message)
     }
 
-    /// POSTs the JSON `body` with the `Idempotency-Key` `key` (see [`idempotency_key`]) and,
-    /// when given, the approved call's signed approval assertion in the
-    /// [`HEADER`](crate::assertion::HEADER) header; returns the text the model gets as the result.
+    /// Sends the call made ready by [`Tool::prepare`]: POSTs the JSON `body` with the
+    /// `Idempotency-Key` `key` (see [`idempotency_key`]) to an HTTP tool, or calls the MCP tool
+    /// with `body` as its arguments; with the approved call's signed approval assertion, when
+    /// given, in the [`HEADER`](crate::assertion::HEADER) header, and `extra_headers` (e.g.
+    /// `traceparent`). Returns the text the model gets as the result.
     pub async fn call(
+        &self,
+        client: &reqwest::Client,
+        prepared: Prepared,
+        key: &str,
+        body: String,
+        assertion: Option<&str>,
+        extra_headers: &[(String, String)],
+    ) -> String {
+        match prepared {
+            Prepared::Http => {
+                self.call_http(client, key, body, assertion, extra_headers)
+                    .await
+            }
+            Prepared::Mcp { session, .. } => {
+                self.call_mcp(client, session, &body, assertion, extra_headers)
+                    .await
+            }
+        }
+    }
+
+    async fn call_mcp(
+        &self,
+        client: &reqwest::Client,
+        session: McpSession,
+        body: &str,
+        assertion: Option<&str>,
+        extra_headers: &[(String, String)],
+    ) -> String {
+        let server = self.mcp_server().unwrap_or_default().to_owned();
+        let called = tokio::time::timeout(self.timeout, async {
+            // The assertion is a header of the request that carries the call: a session of its
+            // own (the listing's session was opened before the approval was checked).
+            let session = match (assertion, &self.mcp) {
+                (Some(assertion), Some(mcp)) => {
+                    session.close().await;
+                    let headers: Vec<(String, String)> = mcp
+                        .headers
+                        .iter()
+                        .chain(extra_headers)
+                        .cloned()
+                        .chain([(crate::assertion::HEADER.to_owned(), assertion.to_owned())])
+                        .collect();
+                    let endpoint = McpEndpoint {
+                        url: &self.endpoint,
+                        headers: &headers,
+                    };
+                    McpSession::open(client, &endpoint).await?
+                }
+                _ => session,
+            };
+            let result = session.call(&self.name, body).await;
+            session.close().await;
+            result
+        })
+        .await;
+        match called {
+            Ok(Ok((text, false))) => text,
+            Ok(Ok((text, true))) => format!("tool error: {text}"),
+            Ok(Err(e)) => {
+                tracing::warn!(tool = %self.name, %server, error = %e, "MCP tool call failed");
+                format!("tool error: MCP server `{server}`: {e}")
+            }
+            Err(_) => format!(
+                "tool error: no response from `{}` (MCP server `{server}`) within {} seconds",
+                self.name,
+                self.timeout.as_secs()
+            ),
+        }
+    }
+
+    async fn call_http(
         &self,
         client: &reqwest::Client,
         key: &str,
         body: String,
         assertion: Option<&str>,
+        extra_headers: &[(String, String)],
     ) -> String {
         let mut request = client
             .post(self.url.clone())
             .timeout(self.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", key);
+        for (name, value) in extra_headers {
+            request = request.header(name, value);
+        }
         if let Some(assertion) = assertion {
             request = request.header(crate::assertion::HEADER, assertion);
         }
@@ -258,6 +543,15 @@ impl Tool {
             )
         }
     }
+}
+
+/// Whether a model can be offered a tool of this name: 1 to 64 letters, digits, `_` or `-`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Parses durations like `30s`, `30m`, `24h`, `1h30m`.

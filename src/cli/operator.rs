@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use kube::Client;
 
 use crate::controller::{ControllerConfig, SigningConfig, WorkerSettings};
+use crate::telemetry::Telemetry;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -19,17 +20,68 @@ pub enum LogFormat {
 
 /// Sets up `tracing` for a long-running command (filter from `RUST_LOG`, default `info`).
 pub fn init_logging(format: LogFormat) {
+    init_tracing(format, &Telemetry::default());
+}
+
+/// [`init_logging`], plus the export of agentrun's spans when `telemetry` is enabled. `RUST_LOG`
+/// filters the log lines only: the exported spans do not depend on it.
+pub fn init_tracing(format: LogFormat, telemetry: &Telemetry) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
     // No colour codes unless a terminal shows them (container logs, files, pipes).
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let lines = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
+    let _ = tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
+        .with(telemetry.layer())
+        .try_init();
+}
+
+/// Sets up the span export from the standard `OTEL_*` environment; an invalid setting is reported
+/// and export stays off (the command still runs).
+fn telemetry(service: &str) -> Telemetry {
+    Telemetry::from_env(service).unwrap_or_else(|e| {
+        eprintln!("warning: traces are not exported: {e}");
+        Telemetry::default()
+    })
+}
+
+/// The `OTEL_*` settings of this process that worker Pods get too (their `service.name` is
+/// `agentrun-worker`), so that their spans go where the controller's go. Left out: the export's
+/// headers (often a credential, which would be readable in every worker Pod's spec) and paths of
+/// certificate and key files (not in the worker's file system): a collector that needs either is
+/// reached by workers through one that does not.
+fn worker_telemetry_env() -> Vec<(String, String)> {
+    worker_telemetry_env_of(std::env::vars())
+}
+
+fn worker_telemetry_env_of(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let kept = |k: &str| {
+        k.starts_with("OTEL_")
+            && k != "OTEL_SERVICE_NAME"
+            && !k.ends_with("_HEADERS")
+            && !k.ends_with("_CERTIFICATE")
+            && !k.ends_with("_CLIENT_KEY")
+    };
+    let mut env: Vec<(String, String)> = vars.filter(|(k, _)| kept(k)).collect();
+    if !env.is_empty() {
+        env.push(("OTEL_SERVICE_NAME".into(), "agentrun-worker".into()));
+    }
+    env.sort();
+    env
 }
 
 /// `agentrun controller`.
@@ -111,6 +163,9 @@ pub struct ControllerArgs {
     /// The ConfigMap in which the public keys are published as a JWKS (key `jwks.json`).
     #[arg(long, default_value = crate::controller::signing::DEFAULT_CONFIG_MAP)]
     pub jwks_config_map: String,
+    /// Seconds between two listings (`tools/list`) of each Agent's MCP servers.
+    #[arg(long, env = "AGENTRUN_MCP_REDISCOVERY_SECONDS", default_value_t = crate::controller::agent_status::DEFAULT_REDISCOVERY.as_secs(), value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    pub mcp_rediscovery_seconds: u64,
     /// Seconds an approval assertion stays valid after the controller issues it.
     #[arg(long, default_value_t = crate::controller::signing::DEFAULT_LIFETIME.as_secs(), value_parser = clap::value_parser!(u64).range(30..=86_400))]
     pub assertion_lifetime_seconds: u64,
@@ -146,9 +201,10 @@ fn install_crypto() {
 
 /// Runs the controller.
 pub fn controller(args: ControllerArgs) -> ExitCode {
-    init_logging(args.log_format);
     install_crypto();
-    runtime().block_on(async move {
+    let telemetry = telemetry("agentrun-controller");
+    init_tracing(args.log_format, &telemetry);
+    let code = runtime().block_on(async move {
         let client = match Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
@@ -160,6 +216,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
         if let Some(image) = args.worker_image {
             worker.image = image;
         }
+        worker.env.extend(worker_telemetry_env());
         let config = ControllerConfig {
             namespace: args.namespace,
             worker,
@@ -180,6 +237,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             admission_policy_prefix: Some(args.admission_policy_prefix),
             concurrency: Some(args.concurrency),
             state_cache_bytes: Some(args.state_cache_mib << 20),
+            mcp_rediscovery: Some(std::time::Duration::from_secs(args.mcp_rediscovery_seconds)),
             signing: (!args.no_approval_assertions).then(|| SigningConfig {
                 namespace: args.controller_namespace.clone(),
                 secret_name: args.signing_key_secret.clone(),
@@ -209,14 +267,17 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    telemetry.shutdown();
+    code
 }
 
 /// Runs one worker step.
 pub fn worker(args: WorkerArgs) -> ExitCode {
-    init_logging(args.log_format);
     install_crypto();
-    runtime().block_on(async move {
+    let telemetry = telemetry("agentrun-worker");
+    init_tracing(args.log_format, &telemetry);
+    let code = runtime().block_on(async move {
         let client = match Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
@@ -242,5 +303,40 @@ pub fn worker(args: WorkerArgs) -> ExitCode {
                 }
             }
         }
-    })
+    });
+    // A worker lives for one step: its spans are sent before it exits.
+    telemetry.shutdown();
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_telemetry_env_of;
+
+    #[test]
+    fn workers_get_the_export_settings_but_no_credentials() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=s3cret"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/key.pem"),
+            ("OTEL_SERVICE_NAME", "my-controller"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+            ("RUST_LOG", "info"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let env = worker_telemetry_env_of(vars.into_iter());
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_SERVICE_NAME",
+                "OTEL_TRACES_SAMPLER"
+            ]
+        );
+        assert!(env.contains(&("OTEL_SERVICE_NAME".into(), "agentrun-worker".into())));
+        assert!(worker_telemetry_env_of(std::iter::empty()).is_empty());
+    }
 }

@@ -6,7 +6,8 @@
 //! with a commit (`approver_kind: gitops`, naming who applied it). A decision applied without a
 //! stamp (only under `--allow-unverified-decisions`) gets none, so a tool that requires one
 //! refuses the call (fail closed). The endpoint and the tool definition are those of the Agent
-//! the run is bound to.
+//! the run is bound to: an HTTP tool's URL and definition digest, or an MCP tool's server URL and
+//! the digest of the definition the run's snapshot holds.
 
 use kube::ResourceExt;
 
@@ -77,13 +78,14 @@ pub fn claims_for(
         ),
         Some(Decider::Claimed) | None => return Err(NotIssued::Unverified),
     };
+    // An HTTP tool of the run's Agent, or a tool of one of its MCP servers (the definition the
+    // run is bound to).
     let tool = observed
-        .agent_spec()
-        .and_then(|agent| agent.tools.iter().find(|t| t.name == spec.tool_name))
+        .tool_binding(&spec.tool_name)
         .ok_or_else(|| NotIssued::ToolMissing(spec.tool_name.clone()))?;
     // The URL exactly as the worker's HTTP client sends to it.
-    let endpoint = reqwest::Url::parse(tool.endpoint())
-        .map_err(|_| NotIssued::BadEndpoint(tool.endpoint().to_owned()))?
+    let endpoint = reqwest::Url::parse(&tool.endpoint)
+        .map_err(|_| NotIssued::BadEndpoint(tool.endpoint.clone()))?
         .to_string();
     let uid = request.uid().unwrap_or_default();
     Ok(Claims {
@@ -111,7 +113,7 @@ pub fn claims_for(
         original_arguments_sha256: edited_arguments
             .as_ref()
             .map(|_| spec.arguments_digest.clone()),
-        tool_definition_sha256: tool.definition_digest(),
+        tool_definition_sha256: tool.definition_digest,
         approver: approver_id.clone().unwrap_or_default(),
         approver_kind,
         applied_by,

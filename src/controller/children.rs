@@ -1,6 +1,6 @@
 //! Pure builders of the objects the controller creates for a run: the worker Pod of a step, and
 //! the per-run service account with the narrowest rights a worker needs (read its run, the
-//! ApprovalRequests and the Secret its Agent names; patch only its own run's status).
+//! ApprovalRequests and the Secrets its Agent names; patch only its own run's status).
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
@@ -104,6 +104,14 @@ pub fn worker_pod(run: &AgentRun, step: u32, attempt: u32, settings: &WorkerSett
             ..Default::default()
         })
         .collect();
+    // One trace per run: every worker Pod's spans are children of the run's root span.
+    env.push(EnvVar {
+        name: crate::telemetry::TRACEPARENT_ENV.into(),
+        value: Some(crate::telemetry::run_traceparent(
+            &run.uid().unwrap_or_default(),
+        )),
+        ..Default::default()
+    });
     env.push(EnvVar {
         name: "AGENTRUN_WORKER_POD".into(),
         value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
@@ -213,11 +221,27 @@ pub fn worker_identity(run: &AgentRun, agent: &AgentSpec) -> (ServiceAccount, Ro
         verbs: vec!["get".into(), "create".into()],
         ..Default::default()
     });
-    if let Some(secret) = agent.model.api_key_secret_ref.as_ref() {
+    // Exactly the Secrets the Agent names: the model's API key and its MCP servers' headers.
+    let mut secrets: Vec<String> = agent
+        .model
+        .api_key_secret_ref
+        .iter()
+        .map(|s| s.name.clone())
+        .chain(
+            agent
+                .mcp_servers
+                .iter()
+                .flat_map(|server| server.headers.iter())
+                .map(|h| h.secret_key_ref.name.clone()),
+        )
+        .collect();
+    secrets.sort();
+    secrets.dedup();
+    if !secrets.is_empty() {
         rules.push(PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["secrets".into()]),
-            resource_names: Some(vec![secret.name.clone()]),
+            resource_names: Some(secrets),
             verbs: vec!["get".into()],
             ..Default::default()
         });
@@ -350,5 +374,42 @@ mod tests {
         }));
         assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_string())));
         assert_eq!(binding.subjects.unwrap()[0].name, "r1-worker");
+    }
+
+    #[test]
+    fn the_worker_reads_exactly_the_secrets_of_its_mcp_headers() {
+        let spec: AgentSpec = serde_json::from_value(serde_json::json!({
+            "model": {"baseUrl": "http://m", "name": "x", "apiKeySecretRef": {"name": "openai", "key": "token"}},
+            "mcpServers": [
+                {"name": "a", "url": "http://a/mcp", "headers": [
+                    {"name": "Authorization", "secretKeyRef": {"name": "a-token", "key": "t"}},
+                    {"name": "X-Tenant", "secretKeyRef": {"name": "openai", "key": "tenant"}}]},
+                {"name": "b", "url": "http://b/mcp"}
+            ]
+        }))
+        .unwrap();
+        let (_, role, _) = worker_identity(&run(), &spec);
+        let rules = role.rules.unwrap();
+        let secrets: Vec<_> = rules
+            .iter()
+            .filter(|r| r.resources.as_deref() == Some(&["secrets".to_owned()][..]))
+            .collect();
+        assert_eq!(secrets.len(), 1);
+        assert_eq!(
+            secrets[0].resource_names.as_deref(),
+            Some(&["a-token".to_owned(), "openai".to_owned()][..])
+        );
+        assert_eq!(secrets[0].verbs, ["get"]);
+    }
+
+    #[test]
+    fn each_worker_pod_carries_its_runs_trace_context() {
+        let pod = worker_pod(&run(), 1, 0, &WorkerSettings::default());
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let traceparent = env.iter().find(|e| e.name == "TRACEPARENT").unwrap();
+        assert_eq!(
+            traceparent.value.as_deref(),
+            Some(crate::telemetry::run_traceparent("uid-1").as_str())
+        );
     }
 }

@@ -114,6 +114,7 @@ impl Executor {
                     )
                     .await?;
                 self.ctx.memory.recorded(&self.ns, &resolution.request);
+                self.trace_approval(&resolution);
             }
             Step::RecordRefusal {
                 request,
@@ -141,6 +142,15 @@ impl Executor {
                     .patch_status(&self.run.name_any(), &params, &Patch::Merge(&*patch))
                     .await?;
                 self.ctx.memory.wrote_over(&self.run);
+                if let Some(phase) = patch.status.phase.filter(|p| p.is_terminal()) {
+                    let message = patch
+                        .status
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                        .map(|c| c.message.as_str());
+                    crate::telemetry::spans::run_finished(&self.run, phase, message);
+                }
             }
             Step::PruneChunks { keep_digest } => {
                 chunk_store::prune(&self.ctx.client, &self.run, &keep_digest).await;
@@ -175,6 +185,25 @@ impl Executor {
             Step::Publish(announcement) => self.publish(announcement).await,
         }
         Ok(())
+    }
+
+    /// Emits the approval span of a request whose resolution was just recorded (the request as
+    /// cached: its creation is the halt).
+    fn trace_approval(&self, resolution: &crate::controller::resolutions::Resolution) {
+        use crate::telemetry::spans::{Approver, approval};
+        let key = kube::runtime::reflector::ObjectRef::new(&resolution.request).within(&self.ns);
+        let Some(request) = self.ctx.requests.get(&key) else {
+            return;
+        };
+        let approver = match (&resolution.identity, &resolution.gitops) {
+            (Some(identity), _) => Approver::Verified(identity),
+            (None, Some(gitops)) => Approver::GitOps {
+                claimed: request.spec.approver_id.as_deref().unwrap_or_default(),
+                applied_by: &gitops.applied_by.username,
+            },
+            (None, None) => Approver::None,
+        };
+        approval(&request, resolution.phase, resolution.decided_at, approver);
     }
 
     /// Server-side applies `object` with the controller's field manager, taking ownership of

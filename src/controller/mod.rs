@@ -153,6 +153,9 @@ pub struct ControllerConfig {
     /// Signed approval assertions: where the keys are kept and published, and how long an
     /// assertion is valid (none issued when `None`).
     pub signing: Option<SigningConfig>,
+    /// How often Agents' MCP servers are listed again
+    /// ([`agent_status::DEFAULT_REDISCOVERY`] when `None`).
+    pub mcp_rediscovery: Option<Duration>,
 }
 
 /// How many runs are reconciled at once unless configured.

@@ -22,7 +22,9 @@ use crate::chunk_store;
 use crate::crd::keys::annotations;
 use crate::crd::policy::DecidedBy;
 use crate::crd::stored_state::StoredStateError;
-use crate::crd::{Agent, AgentRun, AgentRunPhase, AgentSpec, ApprovalRequest};
+use crate::crd::{
+    Agent, AgentRun, AgentRunPhase, AgentSnapshot, AgentSpec, ApprovalRequest, ToolBinding,
+};
 use crate::crd::{PolicyAction, PolicyDecision};
 use crate::state::RunState;
 
@@ -59,15 +61,40 @@ pub struct Observed {
 impl Observed {
     /// How long a call of `tool` may wait for a decision, if its Agent sets a timeout.
     pub fn approval_timeout(&self, tool: &str) -> Option<Duration> {
-        let spec = self.agent_spec()?.tools.iter().find(|t| t.name == tool)?;
-        crate::agent::tool::parse_duration(spec.approval_timeout.as_deref()?)
+        crate::agent::tool::parse_duration(self.tool_binding(tool)?.approval_timeout.as_deref()?)
+    }
+
+    /// Where a call of `tool` (an HTTP or MCP tool) goes and the definition it is bound to, in
+    /// the run's snapshot or (before it started) its Agent now.
+    pub fn tool_binding(&self, tool: &str) -> Option<ToolBinding> {
+        match self.run.status.as_ref().and_then(|s| s.agent.as_ref()) {
+            Some(snapshot) => snapshot.tool_binding(tool),
+            None => AgentSnapshot::of(self.agent.as_deref()?).tool_binding(tool),
+        }
     }
 
     /// Whether the Agent the run uses requires approval for `tool` (an unknown tool: yes).
     pub fn agent_requires_approval(&self, tool: &str) -> bool {
-        self.agent_spec()
-            .and_then(|spec| spec.tools.iter().find(|t| t.name == tool))
-            .is_none_or(|t| t.requires_approval)
+        let Some(spec) = self.agent_spec() else {
+            return true;
+        };
+        if let Some(http) = spec.tools.iter().find(|t| t.name == tool) {
+            return http.requires_approval;
+        }
+        let snapshot = match self.run.status.as_ref().and_then(|s| s.agent.clone()) {
+            Some(snapshot) => snapshot,
+            None => match self.agent.as_deref() {
+                Some(agent) => AgentSnapshot::of(agent),
+                None => return true,
+            },
+        };
+        let Some(binding) = snapshot.mcp_tools.iter().find(|t| t.name == tool) else {
+            return true;
+        };
+        spec.mcp_servers
+            .iter()
+            .find(|s| s.name == binding.server)
+            .is_none_or(|server| server.require_approval.requires_approval(&binding.hints()))
     }
 
     /// What the ApprovalPolicies selecting the run's namespace require of a call of `tool` with
@@ -143,11 +170,7 @@ impl Observed {
 
     /// The definition digest of `tool` in the spec the run uses.
     pub fn tool_definition_digest(&self, tool: &str) -> Option<String> {
-        self.agent_spec()?
-            .tools
-            .iter()
-            .find(|t| t.name == tool)
-            .map(|t| t.definition_digest())
+        self.tool_binding(tool).map(|b| b.definition_digest)
     }
 
     /// Whether the run has finished for good.

@@ -261,6 +261,9 @@ async fn run_controllers(
         policies.clone(),
         synced(&probe, POLICIES_CHECKED),
     )));
+    let rediscover = config
+        .mcp_rediscovery
+        .unwrap_or(agent_status::DEFAULT_REDISCOVERY);
     let context = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
@@ -297,9 +300,7 @@ async fn run_controllers(
         .run(
             agent_status::reconcile,
             agent_status::error_policy,
-            Arc::new(agent_status::Context {
-                client: client.clone(),
-            }),
+            Arc::new(agent_status::Context::new(client.clone(), rediscover)),
         )
         .for_each(|_| future::ready(()));
     let policy_statuses = Controller::for_shared_stream(policies_for_status, policy_reader)

@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::mcp::{McpServerSpec, McpServerStatus, McpToolBinding};
+
 /// Default number of model turns before a run fails with `MaxTurnsExceeded`.
 pub const DEFAULT_MAX_TURNS: u32 = 20;
 
@@ -65,6 +67,12 @@ pub struct AgentSpec {
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub tools: Vec<ToolSpec>,
+    /// MCP servers (Streamable HTTP) whose tools the model may call, under their MCP names. The
+    /// controller lists their tools (`status.mcpServers`); a run is bound to the definitions
+    /// listed when it started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = super::mcp::MAX_MCP_SERVERS))]
+    pub mcp_servers: Vec<McpServerSpec>,
     /// The most model turns one run may take before it fails (default 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
@@ -251,10 +259,30 @@ pub struct AgentSnapshot {
     /// The Agent's spec as the run uses it (left out of the controller's cache).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<AgentSpec>,
+    /// The MCP tools the run may call, as their servers defined them when it started (from the
+    /// Agent's `status.mcpServers`): the model is shown these definitions, and each call is sent
+    /// only if the server still defines the tool so (same digest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub mcp_tools: Vec<McpToolBinding>,
+}
+
+/// Where a call of a tool goes and what it is bound to, from a run's snapshot: what its
+/// ApprovalRequest shows and what the worker checks before sending it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolBinding {
+    /// The URL the call is sent to (an HTTP tool's URL, an MCP server's URL).
+    pub endpoint: String,
+    /// The digest of the tool's definition ([`ToolSpec::definition_digest`] or
+    /// [`definition_digest`](super::mcp::definition_digest)).
+    pub definition_digest: String,
+    /// How long a call may wait for a decision (`approvalTimeout`), as written.
+    pub approval_timeout: Option<String>,
 }
 
 impl AgentSnapshot {
-    /// A snapshot of `agent` now.
+    /// A snapshot of `agent` now: its spec, and the tools its MCP servers listed at the last
+    /// discovery of this spec's servers (an undiscovered server contributes none).
     pub fn of(agent: &Agent) -> AgentSnapshot {
         AgentSnapshot {
             name: agent.metadata.name.clone().unwrap_or_default(),
@@ -262,6 +290,7 @@ impl AgentSnapshot {
             generation: agent.metadata.generation,
             spec_digest: agent.spec.digest(),
             spec: Some(agent.spec.clone()),
+            mcp_tools: discovered_tools(&agent.spec, agent.status.as_ref()),
         }
     }
 
@@ -271,6 +300,67 @@ impl AgentSnapshot {
             .as_ref()
             .filter(|s| s.digest() == self.spec_digest)
     }
+
+    /// The MCP tools, when each matches its digest and belongs to a server of the verified spec
+    /// that allows it (`None` otherwise: the snapshot is not usable).
+    pub fn verified_mcp_tools(&self) -> Option<&[McpToolBinding]> {
+        let spec = self.verified_spec()?;
+        let ok = self.mcp_tools.iter().all(|tool| {
+            tool.verified()
+                && spec
+                    .mcp_servers
+                    .iter()
+                    .any(|s| s.name == tool.server && s.url == tool.url && s.allows(&tool.name))
+        });
+        ok.then_some(self.mcp_tools.as_slice())
+    }
+
+    /// Where a call of `tool` goes and the digest of the definition it is bound to.
+    pub fn tool_binding(&self, tool: &str) -> Option<ToolBinding> {
+        let spec = self.verified_spec()?;
+        if let Some(http) = spec.tools.iter().find(|t| t.name == tool) {
+            return Some(ToolBinding {
+                endpoint: http.endpoint().to_owned(),
+                definition_digest: http.definition_digest(),
+                approval_timeout: http.approval_timeout.clone(),
+            });
+        }
+        let mcp = self.verified_mcp_tools()?.iter().find(|t| t.name == tool)?;
+        let server = spec.mcp_servers.iter().find(|s| s.name == mcp.server)?;
+        Some(ToolBinding {
+            endpoint: mcp.url.clone(),
+            definition_digest: mcp.definition_digest.clone(),
+            approval_timeout: server.approval_timeout.clone(),
+        })
+    }
+}
+
+/// The tools of `spec`'s MCP servers that `status` recorded for the same server name and URL,
+/// limited to those the server's allow-list names.
+pub fn discovered_tools(spec: &AgentSpec, status: Option<&AgentStatus>) -> Vec<McpToolBinding> {
+    let Some(status) = status else {
+        return vec![];
+    };
+    let mut tools = vec![];
+    for server in &spec.mcp_servers {
+        let Some(found) = status
+            .mcp_servers
+            .iter()
+            .find(|s| s.name == server.name && s.url == server.url)
+        else {
+            continue;
+        };
+        for tool in found.tools.iter().filter(|t| server.allows(&t.name)) {
+            tools.push(McpToolBinding {
+                server: server.name.clone(),
+                url: server.url.clone(),
+                name: tool.name.clone(),
+                definition_digest: tool.definition_digest.clone(),
+                definition: tool.definition.clone(),
+            });
+        }
+    }
+    tools
 }
 
 /// Schema for a free-form JSON object that the API server keeps as written.
@@ -305,15 +395,24 @@ pub struct AgentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_TOOL_NAMES_LENGTH))]
     pub tool_names: Option<String>,
+    /// What each MCP server of the spec listed (`tools/list`) at its last discovery: the tools
+    /// the Agent allows, a digest per tool definition, when it last answered, and its last error.
+    /// The condition `ToolsDiscovered` sums it up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = super::mcp::MAX_MCP_SERVERS))]
+    pub mcp_servers: Vec<McpServerStatus>,
 }
 
 impl AgentStatus {
-    /// The `toolNames` value for a spec: its tool names joined with `,`, cut to the schema bound.
-    pub fn tool_names_of(spec: &AgentSpec) -> String {
+    /// The `toolNames` value for a spec: its HTTP tool names, then the MCP tools `status`
+    /// recorded, joined with `,`, cut to the schema bound.
+    pub fn tool_names_of(spec: &AgentSpec, status: Option<&AgentStatus>) -> String {
+        let mcp = discovered_tools(spec, status);
         let mut names = spec
             .tools
             .iter()
             .map(|t| t.name.as_str())
+            .chain(mcp.iter().map(|t| t.name.as_str()))
             .collect::<Vec<_>>()
             .join(",");
         if names.len() > MAX_TOOL_NAMES_LENGTH {
@@ -359,14 +458,14 @@ mod tests {
             tools: vec![tool("restart"), tool("read")],
             ..Default::default()
         };
-        assert_eq!(AgentStatus::tool_names_of(&spec), "restart,read");
+        assert_eq!(AgentStatus::tool_names_of(&spec, None), "restart,read");
         spec.tools = (0..200)
             .map(|i| tool(&format!("{i}{}", "x".repeat(60))))
             .collect();
         assert_eq!(
-            AgentStatus::tool_names_of(&spec).len(),
+            AgentStatus::tool_names_of(&spec, None).len(),
             super::MAX_TOOL_NAMES_LENGTH
         );
-        assert_eq!(AgentStatus::tool_names_of(&AgentSpec::default()), "");
+        assert_eq!(AgentStatus::tool_names_of(&AgentSpec::default(), None), "");
     }
 }

@@ -17,6 +17,7 @@ pub mod conditions;
 #[cfg(test)]
 mod fixtures;
 pub mod keys;
+pub mod mcp;
 pub mod names;
 pub mod policy;
 pub mod reasons;
@@ -34,7 +35,7 @@ use kube::CustomResourceExt;
 
 pub use agent::{
     Agent, AgentSnapshot, AgentSpec, AgentStatus, HttpTool, ModelSpec, ScriptedModel,
-    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolSpec,
+    ScriptedToolCall, ScriptedTurn, SecretKeyRef, ToolBinding, ToolSpec,
 };
 pub use agent_run::{
     AgentRef, AgentRun, AgentRunPhase, AgentRunSpec, AgentRunStatus, RunStateEncoding,
@@ -55,6 +56,9 @@ pub use conditions::{
 };
 #[cfg(test)]
 pub use fixtures::halted_state;
+pub use mcp::{
+    McpApproval, McpHeader, McpServerSpec, McpServerStatus, McpToolBinding, McpToolStatus,
+};
 pub use names::{approval_request_name, worker_pod_name};
 pub use reasons::{ConditionType, EventReason, Reason};
 pub use run_state_chunk::{RunStateChunk, RunStateChunkSpec};

@@ -13,6 +13,11 @@ pub enum ConditionType {
     ToolOutcomeUnknown,
     /// Whether an ApprovalRequest's decision was verified (False when it was refused).
     Verified,
+    /// Whether every MCP server of an Agent answered its last `tools/list`.
+    ToolsDiscovered,
+    /// An approved call was not sent: its MCP server changed the tool's definition since the
+    /// run started (the call was superseded).
+    ToolDefinitionChanged,
 }
 
 /// The reason of a condition.
@@ -52,6 +57,13 @@ pub enum Reason {
     Compiled,
     /// An ApprovalPolicy has a rule whose tools or condition do not compile.
     CompileError,
+    /// Every MCP server of an Agent listed its tools.
+    Discovered,
+    /// Some MCP server of an Agent could not be listed.
+    DiscoveryFailed,
+    /// An MCP server defines a tool otherwise than when the run started: calls of it are not
+    /// sent.
+    DefinitionChanged,
 }
 
 /// The reason of an Event the controller publishes.

@@ -5,7 +5,10 @@
 //!   with the digest of the exact bytes about to be sent (the approver's edit, when they edited
 //!   the arguments) and the definition and endpoint of the tool about to be called; anything else
 //!   refuses the call and ends the step (`TamperedState`).
-//!   The call carries the signed approval assertion the controller stored on the request, if any;
+//!   The call carries the signed approval assertion the controller stored on the request, if any.
+//!   For an MCP tool the definition digest compared is the one of the definition the server lists
+//!   just before the call; a server that changed it since the run started never gets the call
+//!   (the runner does not send it; it is recorded `Superseded` here and the model is told);
 //! - every call is recorded in the run's status before it is sent (at-most-once execution). A
 //!   call already recorded by an earlier worker of the run was sent before a crash: it is re-sent
 //!   with the same Idempotency-Key when the tool is idempotent (and counted in `resent`), and
@@ -28,9 +31,15 @@ use crate::crd::policy::DecidedBy;
 use crate::crd::request_decision::{approved_arguments_digest, recorded_decision};
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::{
-    AgentRun, AgentSpec, ApprovalPhase, ApprovalRequest, Decision, ToolCallRecord,
+    AgentRun, AgentSnapshot, ApprovalPhase, ApprovalRequest, Decision, ToolCallRecord,
     approval_request_name, arguments_digest,
 };
+
+/// The `outcome` of a call record whose MCP tool changed its definition: the call was not sent.
+pub const SUPERSEDED_OUTCOME: &str = "Superseded";
+
+/// What the model gets for a call recorded `Superseded` when a later worker meets it again.
+pub const SUPERSEDED_CALL_MESSAGE: &str = "tool error: the call was not sent: its MCP server changed the tool's definition since this run started. Start a new run to use the changed tool.";
 
 /// The message a model gets for a call of a non-idempotent tool that a stopped worker may already
 /// have sent: it is not sent again.
@@ -43,18 +52,19 @@ pub struct CallGate {
     run: String,
     run_uid: String,
     step: u32,
-    spec: AgentSpec,
+    snapshot: AgentSnapshot,
     records: Mutex<Vec<ToolCallRecord>>,
     refused: SyncMutex<Option<String>>,
 }
 
 impl CallGate {
-    /// The gate of `step` of `run`, whose calls use the tools of `spec` (the run's snapshot).
+    /// The gate of `step` of `run`, whose calls use the tools of `snapshot` (the run's snapshot
+    /// of its Agent).
     pub fn new(
         client: Client,
         run: &AgentRun,
         step: u32,
-        spec: AgentSpec,
+        snapshot: AgentSnapshot,
         records: Vec<ToolCallRecord>,
     ) -> CallGate {
         let ns = run.namespace().unwrap_or_default();
@@ -64,7 +74,7 @@ impl CallGate {
             run: run.name_any(),
             run_uid: run.uid().unwrap_or_default(),
             step,
-            spec,
+            snapshot,
             records: Mutex::new(records),
             refused: SyncMutex::new(None),
         }
@@ -94,19 +104,27 @@ impl CallGate {
                 )
             })?;
         let tool = self
-            .spec
-            .tools
-            .iter()
-            .find(|t| t.name == call.tool_name)
+            .snapshot
+            .tool_binding(call.tool_name)
             .ok_or_else(|| format!("the run's Agent has no tool {}", call.tool_name))?;
+        if let Some(live) = call.definition_digest
+            && live != tool.definition_digest
+        {
+            return Err(format!(
+                "the MCP server lists {} with definition digest {live}, not the {} the run is bound to",
+                call.tool_name, tool.definition_digest
+            ));
+        }
         let expected = Expected {
             run_uid: &self.run_uid,
             step: self.step,
             tool_call_id: call.tool_call_id,
             tool_name: call.tool_name,
             arguments_digest: arguments_digest(call.body),
-            tool_endpoint: tool.endpoint(),
-            tool_definition_digest: tool.definition_digest(),
+            tool_endpoint: &tool.endpoint,
+            tool_definition_digest: call
+                .definition_digest
+                .map_or(tool.definition_digest.clone(), str::to_owned),
         };
         check_request(&request, &expected)?;
         Ok(request.status.and_then(|s| s.assertion))
@@ -118,6 +136,11 @@ impl CallGate {
             .iter_mut()
             .find(|r| r.tool_call_id == call.tool_call_id)
         {
+            Some(record) if record.outcome.as_deref() == Some(SUPERSEDED_OUTCOME) => {
+                return Ok(ToolCallGate::Skip {
+                    result: SUPERSEDED_CALL_MESSAGE.into(),
+                });
+            }
             Some(record) if call.idempotent => {
                 record.resent = Some(record.resent.unwrap_or(0) + 1);
                 warn!(
@@ -164,7 +187,49 @@ impl CallGate {
     }
 }
 
+impl CallGate {
+    /// Records a call that was not sent because its MCP tool changed (`outcome: Superseded`).
+    async fn record_superseded(&self, call: &ToolCallStart<'_>) -> Result<(), HookError> {
+        let mut records = self.records.lock().await;
+        if records.iter().any(|r| r.tool_call_id == call.tool_call_id) {
+            return Ok(());
+        }
+        records.push(ToolCallRecord {
+            tool_call_id: call.tool_call_id.to_owned(),
+            tool_name: call.tool_name.to_owned(),
+            step: self.step,
+            started_at: Time(k8s_openapi::jiff::Timestamp::now()),
+            resent: None,
+            outcome: Some(SUPERSEDED_OUTCOME.into()),
+        });
+        let params = PatchParams {
+            field_manager: Some(field_managers::WORKER.into()),
+            ..Default::default()
+        };
+        let patch = StatusPatch::unguarded(AgentRunStatusPatch {
+            tool_calls: Some(records.clone()),
+            ..Default::default()
+        });
+        self.runs
+            .patch_status(&self.run, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|e| HookError::new(format!("recording the superseded call: {e}")))?;
+        Ok(())
+    }
+}
+
 impl RunHooks for CallGate {
+    fn tool_superseded<'a>(
+        &'a self,
+        call: ToolCallStart<'a>,
+        why: &'a str,
+    ) -> BoxFuture<'a, Result<(), HookError>> {
+        Box::pin(async move {
+            warn!(tool_call_id = call.tool_call_id, %why, "call superseded: not sent");
+            self.record_superseded(&call).await
+        })
+    }
+
     fn before_tool_call<'a>(
         &'a self,
         call: ToolCallStart<'a>,

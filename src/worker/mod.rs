@@ -1,5 +1,6 @@
 //! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from the
-//! snapshot of its `Agent` the run is bound to (reading the API key from the Secret it names),
+//! snapshot of its `Agent` the run is bound to, the MCP tool definitions included (reading the API
+//! key and the MCP servers' headers from the Secrets it names),
 //! loads the RunState from the run's status, runs the agent loop until it halts for approval or
 //! finishes, and writes the new state back — only if the run is still at the step it was started
 //! for. Before it sends a call that needs approval it checks the call against its ApprovalRequest
@@ -19,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::agent::{ApiKey, RunStatus, Runner};
 use crate::approval_policy::Gates;
@@ -101,37 +102,28 @@ pub async fn run_step(
         });
     }
     let agent_name = run.spec.agent_ref.name.clone();
-    let spec = status
+    let snapshot = status
         .agent
-        .as_ref()
-        .and_then(|snapshot| snapshot.verified_spec())
+        .clone()
         .ok_or_else(|| WorkerError::NoAgentSnapshot(agent_name.clone()))?;
-    let mut agent = crate::agent::Agent::from_spec_with_name(&agent_name, spec)?;
+    let (spec, mcp_tools) = snapshot
+        .verified_spec()
+        .zip(snapshot.verified_mcp_tools())
+        .ok_or_else(|| WorkerError::NoAgentSnapshot(agent_name.clone()))?;
+    let mut agent = crate::agent::Agent::from_bound(&agent_name, spec, mcp_tools)?;
     if let Some(secret_ref) = spec.model.api_key_secret_ref.as_ref() {
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let secret =
-            secrets
-                .get_opt(&secret_ref.name)
-                .await?
-                .ok_or_else(|| WorkerError::Secret {
-                    name: secret_ref.name.clone(),
-                    problem: "not found".into(),
-                })?;
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(&secret_ref.key))
-            .ok_or_else(|| WorkerError::Secret {
-                name: secret_ref.name.clone(),
-                problem: format!("has no key {}", secret_ref.key),
-            })?;
-        let key = String::from_utf8(bytes.0.clone()).map_err(|_| WorkerError::Secret {
-            name: secret_ref.name.clone(),
-            problem: format!("key {} is not UTF-8", secret_ref.key),
-        })?;
+        let key = read_secret(&client, namespace, secret_ref).await?;
         agent = agent.with_api_key(ApiKey::new(key.trim().to_owned()));
     } else if agent.model().api_key_env().is_some() {
         agent = agent.with_api_key_from_env()?;
+    }
+    for server in &spec.mcp_servers {
+        let mut headers = Vec::with_capacity(server.headers.len());
+        for header in &server.headers {
+            let value = read_secret(&client, namespace, &header.secret_key_ref).await?;
+            headers.push((header.name.clone(), value.trim().to_owned()));
+        }
+        agent = agent.with_mcp_headers(&server.name, &headers);
     }
 
     let loaded_digest = status.run_state_digest.clone();
@@ -147,14 +139,39 @@ pub async fn run_step(
         client.clone(),
         &run,
         step,
-        spec.clone(),
+        snapshot.clone(),
         status.tool_calls.clone(),
     ));
     let runner = Runner::new()?
         .with_hooks(hooks.clone())
         .with_gates(Gates::new(&status.approval_gates));
     info!(run = %name, step, "running step");
-    let outcome = runner.step(&agent, &mut state).await;
+    let span = step_span(&run, &agent_name, step);
+    let usage_before = (state.usage.input_tokens, state.usage.output_tokens);
+    let outcome = runner
+        .step(&agent, &mut state)
+        .instrument(span.clone())
+        .await;
+    span.record(
+        "gen_ai.usage.input_tokens",
+        state.usage.input_tokens.saturating_sub(usage_before.0),
+    );
+    span.record(
+        "gen_ai.usage.output_tokens",
+        state.usage.output_tokens.saturating_sub(usage_before.1),
+    );
+    span.record(
+        "agentrun.step.outcome",
+        match &outcome {
+            Ok(RunStatus::Completed) => "completed",
+            Ok(RunStatus::AwaitingApproval) => "awaiting_approval",
+            Err(_) => "error",
+        },
+    );
+    if let Err(error) = &outcome {
+        span.record("error.type", "run_error");
+        span.record("agentrun.error", error.to_string());
+    }
     if let Some(why) = hooks.refused() {
         // Nothing of this step is written: the state stays as found, for the audit.
         return Err(WorkerError::Tampered(why));
@@ -178,6 +195,65 @@ pub async fn run_step(
         RunStatus::AwaitingApproval => {
             StepResult::AwaitingApproval(state.pending_approvals().len())
         }
+    })
+}
+
+/// The `invoke_agent` span of one step, a child of the run's root span (the trace context the
+/// controller put in the Pod's `TRACEPARENT`).
+fn step_span(run: &AgentRun, agent: &str, step: u32) -> tracing::Span {
+    let uid = run.uid().unwrap_or_default();
+    let span = tracing::info_span!(
+        target: crate::telemetry::TARGET,
+        "invoke_agent",
+        otel.name = %format!("invoke_agent {agent}"),
+        otel.kind = "internal",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = %agent,
+        gen_ai.conversation.id = %uid,
+        agentrun.run.name = %run.name_any(),
+        agentrun.step = step,
+        k8s.namespace.name = %run.namespace().unwrap_or_default(),
+        k8s.pod.name = %std::env::var("AGENTRUN_WORKER_POD").unwrap_or_default(),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        agentrun.step.outcome = tracing::field::Empty,
+        agentrun.error = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let parent = std::env::var(crate::telemetry::TRACEPARENT_ENV)
+        .ok()
+        .and_then(|t| crate::telemetry::context_from_traceparent(&t))
+        .unwrap_or_else(|| crate::telemetry::run_context(&uid));
+    crate::telemetry::set_parent(&span, parent);
+    span
+}
+
+/// The value of one key of a Secret in `namespace` (the worker may read only the Secrets its
+/// Agent names).
+async fn read_secret(
+    client: &Client,
+    namespace: &str,
+    secret_ref: &crate::crd::SecretKeyRef,
+) -> Result<String, WorkerError> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets
+        .get_opt(&secret_ref.name)
+        .await?
+        .ok_or_else(|| WorkerError::Secret {
+            name: secret_ref.name.clone(),
+            problem: "not found".into(),
+        })?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&secret_ref.key))
+        .ok_or_else(|| WorkerError::Secret {
+            name: secret_ref.name.clone(),
+            problem: format!("has no key {}", secret_ref.key),
+        })?;
+    String::from_utf8(bytes.0.clone()).map_err(|_| WorkerError::Secret {
+        name: secret_ref.name.clone(),
+        problem: format!("key {} is not UTF-8", secret_ref.key),
     })
 }
 

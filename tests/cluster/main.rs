@@ -13,5 +13,6 @@ mod attacks;
 mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;
+mod mcp_tools;
 mod operator_e2e;
 mod policy_decisions;

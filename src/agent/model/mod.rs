@@ -78,6 +78,19 @@ pub enum ModelError {
     Encode(String),
 }
 
+impl ModelError {
+    /// A low-cardinality label for traces (`error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelError::Status { .. } => "http_status",
+            ModelError::Transport { .. } => "transport",
+            ModelError::InvalidResponse { .. } => "invalid_response",
+            ModelError::ScriptExhausted { .. } => "script_exhausted",
+            ModelError::Encode(_) => "encode",
+        }
+    }
+}
+
 /// What the runner asks a model: the instructions, the history, the tools.
 #[derive(Clone, Copy, Debug)]
 pub struct ModelRequest<'a> {
@@ -167,9 +180,42 @@ impl ModelProvider {
         retry: &RetryPolicy,
         request: ModelRequest<'_>,
     ) -> Result<ModelResponse, ModelError> {
-        match self {
-            ModelProvider::OpenAi(provider) => provider.complete(client, retry, request).await,
-            ModelProvider::Scripted(provider) => provider.complete(request),
+        use tracing::Instrument as _;
+        let (provider_name, model, url) = match self {
+            ModelProvider::OpenAi(provider) => ("openai", provider.model(), Some(provider.url())),
+            ModelProvider::Scripted(_) => ("scripted", "scripted", None),
+        };
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "chat",
+            otel.name = %format!("chat {model}"),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = provider_name,
+            gen_ai.request.model = %model,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            server.address = url.and_then(|u| u.host_str()).unwrap_or_default(),
+            server.port = url.and_then(reqwest::Url::port_or_known_default).unwrap_or_default(),
+            error.type = tracing::field::Empty,
+        );
+        let answer = async {
+            match self {
+                ModelProvider::OpenAi(provider) => provider.complete(client, retry, request).await,
+                ModelProvider::Scripted(provider) => provider.complete(request),
+            }
         }
+        .instrument(span.clone())
+        .await;
+        match &answer {
+            Ok(response) => {
+                span.record("gen_ai.usage.input_tokens", response.input_tokens);
+                span.record("gen_ai.usage.output_tokens", response.output_tokens);
+            }
+            Err(error) => {
+                span.record("error.type", error.kind());
+            }
+        }
+        answer
     }
 }

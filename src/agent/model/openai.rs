@@ -111,6 +111,16 @@ impl OpenAiProvider {
         })
     }
 
+    /// The model name sent in each request.
+    pub(super) fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The chat-completions URL.
+    pub(super) fn url(&self) -> &reqwest::Url {
+        &self.endpoint
+    }
+
     pub(super) fn set_api_key(&mut self, key: ApiKey) {
         self.api_key = Some(key);
     }
@@ -181,6 +191,9 @@ impl OpenAiProvider {
             .timeout(self.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_vec());
+        for (name, value) in crate::telemetry::current_headers() {
+            builder = builder.header(name, value);
+        }
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key.expose());
         }

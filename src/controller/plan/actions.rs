@@ -185,10 +185,7 @@ impl Planner<'_> {
         };
         let mut steps = vec![];
         for new in create {
-            let tool = self
-                .o
-                .agent_spec()
-                .and_then(|spec| spec.tools.iter().find(|t| t.name == new.call.tool_name));
+            let tool = self.o.tool_binding(&new.call.tool_name);
             let requirement = new.requirement.clone();
             let (policy, required_approvals, approvers) = match requirement {
                 Some(r) => (Some(r.decision), r.required_approvals, r.approvers),
@@ -208,8 +205,8 @@ impl Planner<'_> {
                     arguments_digest: crate::crd::arguments_digest(&new.arguments),
                     arguments: new.arguments.clone(),
                     run_creator: creator.clone(),
-                    tool_endpoint: tool.map(|t| t.endpoint().to_owned()),
-                    tool_definition_digest: tool.map(|t| t.definition_digest()),
+                    tool_endpoint: tool.as_ref().map(|t| t.endpoint.clone()),
+                    tool_definition_digest: tool.map(|t| t.definition_digest),
                     policy,
                     required_approvals,
                     approvers,

@@ -8,6 +8,7 @@ pub mod chunk_store;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub mod notify;
 pub mod plugin;
 pub mod state;
 pub mod telemetry;

@@ -17,11 +17,14 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use agentrun::controller::{self, ControllerConfig, LeaderElection, StartError, decide::Policy};
-use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest};
+use agentrun::crd::{AgentRun, AgentRunPhase, ApprovalRequest, NotificationSink};
+use agentrun::notify::NotifyConfig;
 use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success, repo_root};
 use agentrun_testkit::model_server::{ModelServer, Reply};
+use agentrun_testkit::notification_receiver::NotificationReceiver;
 use agentrun_testkit::operator::start_dev_kubelet;
 use agentrun_testkit::tool_server::ToolServer;
+use base64::Engine;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -601,6 +604,18 @@ async fn the_values_schema_rejects_mistakes() {
             "admissionPolicies.gitopsGroup=it's",
             "/admissionPolicies/gitopsGroup",
         ),
+        (
+            "notifications.horizonSeconds=10",
+            "/notifications/horizonSeconds",
+        ),
+        (
+            "notifications.signingSecrets[0]=Not_A_Secret",
+            "/notifications/signingSecrets/0",
+        ),
+        (
+            "notifications.sinks[0].name=ops,notifications.sinks[0].url=ftp://x",
+            "/notifications/sinks/0",
+        ),
     ] {
         let out = cp.helm(&["template", "x", &chart_arg(), "--set", value]);
         assert!(
@@ -690,6 +705,10 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "agentrun-approval-keys",
             "--assertion-lifetime-seconds",
             "600",
+            "--notification-outbox",
+            "agentrun-notification-outbox",
+            "--notification-horizon-seconds",
+            "86400",
         ]
     );
     // The controller accepts exactly these arguments (args[0], "controller", stands as the name).
@@ -873,16 +892,34 @@ async fn the_deployment_runs_the_controller_as_specified() {
         "no leader-election Role without leader election"
     );
     // The namespaced rules are bound in that namespace only; only the rights on cluster-scoped
-    // objects (the admission policies checked, SubjectAccessReviews, ApprovalRecords) are bound
-    // cluster-wide.
+    // objects (the admission policies checked, SubjectAccessReviews, ApprovalRecords; the
+    // NotificationSinks and the watched namespace's labels) are bound cluster-wide.
     let cluster_bindings = of_kind(&docs, "ClusterRoleBinding");
     assert_eq!(
         cluster_bindings
             .iter()
             .map(|b| b["roleRef"]["name"].as_str().unwrap_or_default())
             .collect::<Vec<_>>(),
-        ["agentrun-controller-decisions"],
+        [
+            "agentrun-controller-decisions",
+            "agentrun-controller-notifications"
+        ],
         "watchNamespace binds in one namespace"
+    );
+    let notifications = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "agentrun-controller-notifications")
+        .expect("the notifications ClusterRole");
+    let namespaces = notifications["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"] == json!(["namespaces"]))
+        .expect("the namespaces rule");
+    assert_eq!(
+        namespaces["resourceNames"],
+        json!(["team-a"]),
+        "only the watched namespace's labels"
     );
     let bindings = of_kind(&docs, "RoleBinding");
     let binding = bindings
@@ -1095,6 +1132,108 @@ async fn helm_install_into_a_restricted_namespace_creates_everything() {
     }
 }
 
+/// `notifications.sinks` renders NotificationSinks as the CRD has them, and the controller's Role
+/// names exactly their keys' Secrets and `notifications.signingSecrets` (never an empty
+/// `resourceNames`, which would grant every Secret); `notifications.enabled=false` renders
+/// `--no-notifications` and none of it.
+#[tokio::test]
+async fn notification_sinks_and_their_keys_come_from_the_values() {
+    let cp = ControlPlane::shared().await;
+    let sink = "notifications.sinks[0]";
+    let values = vec![
+        format!("{sink}.name=ops"),
+        format!("{sink}.url=https://hooks.example.com/agentrun"),
+        format!("{sink}.signingSecret.name=ops-hooks"),
+        format!("{sink}.signingSecret.key=secret"),
+        format!("{sink}.types[0]=dev.agentrun.approval.requested"),
+        format!("{sink}.namespaceSelector.matchLabels.tier=prod"),
+        format!("{sink}.timeoutSeconds=5"),
+        "notifications.signingSecrets={manual-hooks,ops-hooks}".to_owned(),
+    ];
+    let docs = documents(&template(cp, "agentrun", "agentrun-system", &values));
+    let rendered = one_of_kind(&docs, "NotificationSink");
+    let parsed: agentrun::crd::NotificationSink =
+        serde_json::from_value(rendered.clone()).expect("a NotificationSink");
+    assert_eq!(parsed.metadata.name.as_deref(), Some("ops"));
+    assert_eq!(parsed.metadata.namespace, None, "cluster-scoped");
+    assert_eq!(parsed.spec.url, "https://hooks.example.com/agentrun");
+    assert_eq!(parsed.spec.signing_secret_ref.name, "ops-hooks");
+    assert_eq!(parsed.spec.signing_secret_ref.key, "secret");
+    assert_eq!(
+        parsed.spec.types,
+        vec![agentrun::crd::NotificationType::ApprovalRequested]
+    );
+    assert_eq!(
+        parsed
+            .spec
+            .namespace_selector
+            .unwrap()
+            .match_labels
+            .unwrap()["tier"],
+        "prod"
+    );
+    assert_eq!(parsed.spec.timeout_seconds, Some(5));
+    let secret_names = |docs: &[Value]| -> Vec<Vec<String>> {
+        of_kind(docs, "Role")
+            .into_iter()
+            .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| {
+                rule["resources"] == json!(["secrets"]) && rule["verbs"] == json!(["get"])
+            })
+            .map(|rule| {
+                rule["resourceNames"]
+                    .as_array()
+                    .expect("a Secret rule names its Secrets")
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect()
+    };
+    let names = secret_names(&docs);
+    assert!(
+        names.contains(&vec!["manual-hooks".to_owned(), "ops-hooks".to_owned()]),
+        "{names:?}"
+    );
+    let default_docs = documents(&template(cp, "agentrun", "agentrun-system", &[]));
+    assert!(of_kind(&default_docs, "NotificationSink").is_empty());
+    for names in secret_names(&default_docs) {
+        assert!(
+            !names.is_empty(),
+            "an empty resourceNames grants every Secret"
+        );
+        assert!(!names.contains(&"ops-hooks".to_owned()), "{names:?}");
+    }
+
+    let mut off = values.clone();
+    off.push("notifications.enabled=false".into());
+    let docs = documents(&template(cp, "agentrun", "agentrun-system", &off));
+    assert!(of_kind(&docs, "NotificationSink").is_empty());
+    let args =
+        one_of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+            .clone();
+    let args: Vec<&str> = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--no-notifications"), "{args:?}");
+    assert!(!args.contains(&"--notification-outbox"), "{args:?}");
+    let command = <agentrun::cli::operator::ControllerArgs as clap::Args>::augment_args(
+        clap::Command::new("controller"),
+    );
+    if let Err(e) = command.try_get_matches_from(args.iter().copied()) {
+        panic!("the controller refuses the chart's arguments: {e}");
+    }
+    assert!(
+        !docs.iter().any(|d| d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-notifications"))),
+        "no notification RBAC when off"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
     let cp = ControlPlane::shared().await;
@@ -1168,6 +1307,16 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         vec!["create", "secrets", "-n", s],
         vec!["get", "secrets/agentrun-signing-keys", "-n", s],
         vec!["patch", "configmaps/agentrun-approval-keys", "-n", s],
+        // Notifications: the sinks (cluster-scoped) and their status, the namespaces' labels, the
+        // outbox ConfigMap.
+        vec!["watch", "notificationsinks.agentrun.dev"],
+        vec![
+            "patch",
+            "notificationsinks.agentrun.dev",
+            "--subresource=status",
+        ],
+        vec!["list", "namespaces"],
+        vec!["update", "configmaps/agentrun-notification-outbox", "-n", s],
     ];
     let refused: Vec<Vec<&str>> = vec![
         vec!["update", "configmaps", "-n", t],
@@ -1186,6 +1335,11 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         vec!["update", "secrets/agentrun-signing-keys", "-n", s],
         vec!["delete", "secrets/agentrun-signing-keys", "-n", s],
         vec!["patch", "configmaps/someone-elses", "-n", s],
+        vec!["update", "configmaps/someone-elses", "-n", s],
+        vec!["list", "secrets", "-n", s],
+        vec!["create", "notificationsinks.agentrun.dev"],
+        vec!["patch", "notificationsinks.agentrun.dev"],
+        vec!["delete", "notificationsinks.agentrun.dev"],
         vec!["create", "agentruns.agentrun.dev", "-n", t],
         vec!["delete", "agentruns.agentrun.dev", "-n", t],
         vec!["patch", "agents.agentrun.dev", "-n", t],
@@ -1216,7 +1370,7 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
     }
 
     // watchNamespace binds the same rules in one namespace only; without workerSecretAccess the
-    // controller cannot read any Secret.
+    // controller cannot read any Secret but the sinks' keys named in the values.
     let scoped = Release::install(
         cp,
         &release_name("scoped"),
@@ -1224,9 +1378,59 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         &[
             format!("watchNamespace={t}"),
             "rbac.workerSecretAccess=false".into(),
+            "notifications.signingSecrets={hooks}".into(),
+            "notifications.outboxConfigMap=scoped-outbox".into(),
         ],
     );
     let kc = controller_kubeconfig(cp, &scoped).await;
+    assert!(can_i(cp, &kc, &["get", "secrets/hooks", "-n", s]));
+    assert!(!can_i(cp, &kc, &["get", "secrets/other-hooks", "-n", s]));
+    assert!(!can_i(cp, &kc, &["list", "secrets", "-n", s]));
+    assert!(can_i(
+        cp,
+        &kc,
+        &["update", "configmaps/scoped-outbox", "-n", s]
+    ));
+    assert!(!can_i(
+        cp,
+        &kc,
+        &["update", "configmaps/agentrun-notification-outbox", "-n", s]
+    ));
+    // Sinks are cluster-scoped: read everywhere whatever watchNamespace says, never written. Of
+    // the namespaces, only the watched one is read (listed and watched by name, as the notifier
+    // does).
+    assert!(can_i(cp, &kc, &["list", "notificationsinks.agentrun.dev"]));
+    assert!(!can_i(
+        cp,
+        &kc,
+        &["create", "notificationsinks.agentrun.dev"]
+    ));
+    assert!(!can_i(cp, &kc, &["list", "namespaces"]));
+    assert!(!can_i(
+        cp,
+        &kc,
+        &["get", &format!("namespaces/{}", other.name)]
+    ));
+    let by_name = format!("metadata.name={t}");
+    let out = kubectl_as(
+        cp,
+        &kc,
+        &[
+            "get",
+            "namespaces",
+            "--field-selector",
+            &by_name,
+            "-o",
+            "name",
+        ],
+    );
+    assert_success(&out, "the scoped controller lists its namespace by name");
+    assert_eq!(text(&out.stdout).trim(), format!("namespace/{t}"));
+    let out = kubectl_as(cp, &kc, &["get", "namespaces"]);
+    assert!(
+        !out.status.success(),
+        "the scoped controller lists every namespace"
+    );
     assert!(can_i(cp, &kc, &["list", "agentruns.agentrun.dev", "-n", t]));
     assert!(can_i(cp, &kc, &["create", "pods", "-n", t]));
     assert!(!can_i(
@@ -1307,13 +1511,45 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         !can_alice("patch"),
         "alice may decide before the chart binds her"
     );
+    // A NotificationSink from the chart's values, its key in a Secret of the release namespace:
+    // the chart's rights must suffice to sign and deliver the events and to record the sink's
+    // condition.
+    let hooks_key = format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>())
+    );
+    let out = cp.kubectl(
+        Identity::Admin,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "hooks",
+            "-n",
+            &system.name,
+            &format!("--from-literal=secret={hooks_key}"),
+        ],
+    );
+    assert_success(&out, "create the sink's signing Secret");
+    let receiver = NotificationReceiver::start(&hooks_key).await;
+    let release_name = release_name("flow");
+    let sink_name = format!("{release_name}-hooks");
+    let sink = "notifications.sinks[0]";
     let release = Release::install(
         cp,
-        &release_name("flow"),
+        &release_name,
         &system.name,
         &[
             "approvers.users[0]=alice@example.com".into(),
             format!("approvers.namespaces[0]={}", runs.name),
+            format!("{sink}.name={sink_name}"),
+            format!("{sink}.url={}", receiver.url()),
+            format!("{sink}.signingSecret.name=hooks"),
+            format!("{sink}.signingSecret.key=secret"),
+            format!(
+                "{sink}.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={}",
+                runs.name
+            ),
         ],
     );
     assert!(
@@ -1363,6 +1599,11 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         // policies named after the release.
         signing: Some(controller::SigningConfig::new(&release.namespace)),
         admission_policy_prefix: Some(release.name.clone()),
+        notifications: Some(NotifyConfig {
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(1),
+            ..NotifyConfig::new(&release.namespace)
+        }),
         ..Default::default()
     };
     let controller = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -1595,6 +1836,60 @@ async fn the_controller_with_the_chart_service_account_completes_an_approval_flo
         Some(vec!["model-api-key".to_string()])
     );
     assert_eq!(secret_rule.verbs, vec!["get".to_string()]);
+
+    // The chart's sink got the request, the decision and the outcome, signed with its key (the
+    // receiver verifies), and its condition was written with the chart's rights.
+    let expected: BTreeSet<String> = [
+        format!("{}:requested", decided.metadata.uid.as_deref().unwrap()),
+        format!("{}:decided", decided.metadata.uid.as_deref().unwrap()),
+        format!("{}:succeeded", done.metadata.uid.as_deref().unwrap()),
+    ]
+    .into();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while receiver.ids() != expected {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sink got {:?}, not {expected:?}",
+            receiver.ids()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sinks: Api<NotificationSink> = Api::all(cp.client(Identity::Admin).await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = sinks
+            .get(&sink_name)
+            .await
+            .expect("the chart's sink")
+            .status
+            .and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready")
+                    .map(|c| c.status)
+            });
+        if ready.as_deref() == Some("True") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sink's Ready condition: {ready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let outbox = cp.kubectl(
+        Identity::Admin,
+        &[
+            "get",
+            "configmap",
+            "agentrun-notification-outbox",
+            "-n",
+            &system.name,
+            "-o",
+            "name",
+        ],
+    );
+    assert_success(&outbox, "the outbox ConfigMap the controller created");
 
     // The writes were made as the chart's service account (the audit log records agentrun.dev).
     let user = release.controller_user();

@@ -169,6 +169,16 @@ pub struct ControllerArgs {
     /// Seconds an approval assertion stays valid after the controller issues it.
     #[arg(long, default_value_t = crate::controller::signing::DEFAULT_LIFETIME.as_secs(), value_parser = clap::value_parser!(u64).range(30..=86_400))]
     pub assertion_lifetime_seconds: u64,
+    /// Send no notifications to NotificationSinks.
+    #[arg(long)]
+    pub no_notifications: bool,
+    /// The ConfigMap (in the controller's namespace) holding the notification outbox.
+    #[arg(long, default_value = crate::notify::DEFAULT_OUTBOX_CONFIG_MAP)]
+    pub notification_outbox: String,
+    /// Seconds an event may wait for delivery before it is dropped (and how long deliveries are
+    /// remembered for deduplication).
+    #[arg(long, default_value_t = crate::notify::DEFAULT_HORIZON.as_secs(), value_parser = clap::value_parser!(u64).range(60..=604_800))]
+    pub notification_horizon_seconds: u64,
 }
 
 /// `agentrun worker`.
@@ -243,6 +253,11 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
                 secret_name: args.signing_key_secret.clone(),
                 config_map_name: args.jwks_config_map.clone(),
                 lifetime: std::time::Duration::from_secs(args.assertion_lifetime_seconds),
+            }),
+            notifications: (!args.no_notifications).then(|| crate::notify::NotifyConfig {
+                outbox_config_map: args.notification_outbox.clone(),
+                horizon: std::time::Duration::from_secs(args.notification_horizon_seconds),
+                ..crate::notify::NotifyConfig::new(&args.controller_namespace)
             }),
             leader_election: args
                 .leader_elect

@@ -53,6 +53,8 @@ pub struct Metrics {
     pub worker_failures: Counter,
     /// Refusals by reason: tampered states, decisions not applied.
     pub refusals: Family<ReasonLabels, Counter>,
+    /// Notifications: deliveries, failures, drops and what waits, per sink.
+    pub notifications: crate::notify::metrics::NotifyMetrics,
 }
 
 /// Labels of the refusals counter.
@@ -109,8 +111,10 @@ impl Default for Metrics {
             "Runs failed for a tampered state and decisions not applied, by reason",
             refusals.clone(),
         );
+        let notifications = crate::notify::metrics::NotifyMetrics::register(&mut registry);
         Metrics {
             registry,
+            notifications,
             refusals,
             reconciles,
             reconcile_duration,

@@ -156,6 +156,8 @@ pub struct ControllerConfig {
     /// How often Agents' MCP servers are listed again
     /// ([`agent_status::DEFAULT_REDISCOVERY`] when `None`).
     pub mcp_rediscovery: Option<Duration>,
+    /// Notifications to the NotificationSinks (none sent when `None`; see [`crate::notify`]).
+    pub notifications: Option<crate::notify::NotifyConfig>,
 }
 
 /// How many runs are reconciled at once unless configured.

@@ -1,6 +1,7 @@
 //! The controller's runtime: the CRD check, the signing keys, the metrics, probe and JWKS
 //! endpoints, leader election, the
-//! watches and caches, and the two `kube::runtime::Controller`s (runs, and Agents' status).
+//! watches and caches, the two `kube::runtime::Controller`s (runs, and Agents' status), and the
+//! notifier ([`crate::notify`]), which taps the watches of runs and requests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -147,6 +148,17 @@ async fn run_controllers(
             .unwrap_or(state_cache::DEFAULT_BUDGET_BYTES),
         state_cache::MAX_ENTRY_BYTES,
     ));
+    // Notifications see what the watches of runs and requests bring (see crate::notify::tap).
+    let notifier = config.notifications.clone().map(|notify| {
+        crate::notify::Notifier::new(
+            client.clone(),
+            notify,
+            config.namespace.clone(),
+            probe.metrics.notifications.clone(),
+        )
+    });
+    let run_tap = notifier.as_ref().map(crate::notify::Notifier::tap);
+    let request_tap = run_tap.clone();
     let (run_reader, run_writer) = reflector::store();
     let observed_states = states.clone();
     let run_stream = watcher(
@@ -156,6 +168,11 @@ async fn run_controllers(
     .default_backoff()
     .inspect_ok(move |event| observed_states.observe_event(event))
     .modify(strip_run)
+    .inspect_ok(move |event| {
+        if let Some(tap) = &run_tap {
+            tap.run(event);
+        }
+    })
     .reflect(run_writer)
     .inspect_ok(synced(&probe, RUNS))
     .touched_objects();
@@ -177,6 +194,11 @@ async fn run_controllers(
     )
     .default_backoff()
     .modify(strip_request)
+    .inspect_ok(move |event| {
+        if let Some(tap) = &request_tap {
+            tap.request(event);
+        }
+    })
     .reflect(request_writer)
     .inspect_ok(synced(&probe, REQUESTS))
     .touched_objects();
@@ -282,6 +304,7 @@ async fn run_controllers(
         states,
         state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
     });
+    let _notifications = notifier.map(|n| AbortOnDropHandle::new(tokio::spawn(n.run())));
     info!("agentrun controller started");
     let runs = Controller::for_stream(run_stream, run_reader)
         .owns_stream(pod_stream)

@@ -1,5 +1,7 @@
 //! The custom resources of agentrun (group `agentrun.dev`, version `v1alpha1`): `Agent`,
-//! `AgentRun` and `ApprovalRequest`, their CustomResourceDefinitions (generated from these types,
+//! `AgentRun` and `ApprovalRequest` (with the `ApprovalRecord`s that outlive them, the
+//! `RunStateChunk`s of large states, and the cluster-scoped `NotificationSink`s), their
+//! CustomResourceDefinitions (generated from these types,
 //! committed under `crds/` by `agentrun crdgen`), and the helpers the controller builds on:
 //! deterministic child names ([`names`]) and status conditions ([`conditions`]).
 //!
@@ -19,6 +21,7 @@ mod fixtures;
 pub mod keys;
 pub mod mcp;
 pub mod names;
+pub mod notification_sink;
 pub mod policy;
 pub mod reasons;
 pub mod request_decision;
@@ -60,6 +63,10 @@ pub use mcp::{
     McpApproval, McpHeader, McpServerSpec, McpServerStatus, McpToolBinding, McpToolStatus,
 };
 pub use names::{approval_request_name, worker_pod_name};
+pub use notification_sink::{
+    NotificationSink, NotificationSinkSpec, NotificationSinkStatus, NotificationType,
+    SigningSecretRef,
+};
 pub use reasons::{ConditionType, EventReason, Reason};
 pub use run_state_chunk::{RunStateChunk, RunStateChunkSpec};
 
@@ -202,6 +209,11 @@ pub fn custom_resource_definitions() -> Vec<(&'static str, &'static str, CustomR
             ApprovalPolicy::crd(),
         ),
         ("runstatechunk.yaml", "RunStateChunk", RunStateChunk::crd()),
+        (
+            "notificationsink.yaml",
+            "NotificationSink",
+            NotificationSink::crd(),
+        ),
     ];
     for (_, _, crd) in &mut crds {
         for version in &mut crd.spec.versions {
@@ -370,7 +382,8 @@ mod tests {
     fn crd_names_scope_and_labels() {
         for (file, kind, crd) in custom_resource_definitions() {
             assert_eq!(crd.spec.group, GROUP, "{file}");
-            let scope = if kind == "ApprovalRecord" || kind == "ApprovalPolicy" {
+            let scope = if ["ApprovalRecord", "ApprovalPolicy", "NotificationSink"].contains(&kind)
+            {
                 "Cluster"
             } else {
                 "Namespaced"

@@ -54,7 +54,9 @@ pub enum Command {
     /// Reject an ApprovalRequest as the current identity; the model is told --message.
     Reject(RejectArgs),
     /// One table of every tool call of a run: decision, claimed approver, verified identity,
-    /// reason, message, time and whether it executed.
+    /// reason, message, time and whether it executed. Without RUN, the export of every run of the
+    /// namespace (or, with -A, of the cluster), deleted runs included (from their ApprovalRecords);
+    /// `-o jsonl` prints one JSON line per decision and per execution.
     Audit(AuditArgs),
 }
 
@@ -160,14 +162,46 @@ pub struct RejectArgs {
     pub output: Option<ManifestFormat>,
 }
 
-/// `kubectl agentrun audit RUN`.
+/// How an audit is printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum AuditFormat {
+    /// Human-readable text (aligned columns).
+    #[default]
+    #[value(alias = "text", alias = "wide")]
+    Table,
+    /// JSON: the report of the run (without RUN: a list of reports, one per run).
+    Json,
+    /// YAML, like JSON.
+    Yaml,
+    /// JSON Lines: one object per decision and per execution, for log pipelines and SIEMs.
+    Jsonl,
+}
+
+impl AuditFormat {
+    /// The report format, `None` for JSON Lines.
+    pub fn report_format(self) -> Option<OutputFormat> {
+        match self {
+            AuditFormat::Table => Some(OutputFormat::Table),
+            AuditFormat::Json => Some(OutputFormat::Json),
+            AuditFormat::Yaml => Some(OutputFormat::Yaml),
+            AuditFormat::Jsonl => None,
+        }
+    }
+}
+
+/// `kubectl agentrun audit [RUN] [-A] [-o table|json|yaml|jsonl]`.
 #[derive(Clone, Debug, Args)]
 pub struct AuditArgs {
-    /// The AgentRun's name.
-    pub run: String,
+    /// The AgentRun's name; without it, every run of the namespace (or of every namespace with
+    /// -A), the deleted ones included.
+    #[arg(conflicts_with = "all_namespaces")]
+    pub run: Option<String>,
+    /// Audit every run of every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
     /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    #[arg(short = 'o', long, value_enum, default_value_t = AuditFormat::Table)]
+    pub output: AuditFormat,
 }
 
 #[cfg(test)]
@@ -232,6 +266,31 @@ mod tests {
         assert!(args.dry_run.dry_run);
         assert_eq!(args.dry_run.commit.as_deref(), Some("abc"));
         assert_eq!(args.output, Some(ManifestFormat::Yaml));
+    }
+
+    #[test]
+    fn audit_takes_a_run_or_all_namespaces_and_jsonl() {
+        let cli = Cli::try_parse_from(["kubectl-agentrun", "audit", "r1", "-o", "json"]).unwrap();
+        let Command::Audit(args) = cli.command else {
+            panic!("not audit");
+        };
+        assert_eq!(args.run.as_deref(), Some("r1"));
+        assert_eq!(args.output, AuditFormat::Json);
+        let cli = Cli::try_parse_from([
+            "kubectl-agentrun",
+            "audit",
+            "--all-namespaces",
+            "-o",
+            "jsonl",
+        ])
+        .unwrap();
+        let Command::Audit(args) = cli.command else {
+            panic!("not audit");
+        };
+        assert!(args.all_namespaces && args.run.is_none());
+        assert_eq!(args.output.report_format(), None);
+        let err = Cli::try_parse_from(["kubectl-agentrun", "audit", "r1", "-A"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!   merge patch a person would write by hand; a request that already has a decision is refused.
 //!   `--dry-run -o yaml` prints the manifest to commit for a GitOps decision instead.
 //! - `audit RUN`: every tool call of the run with its decision, claimed approver, verified
-//!   identity, reason, message, time and whether it executed.
+//!   identity, reason, message, time and whether it executed; `audit [-A] -o jsonl`: the export
+//!   of every run of the namespace (or cluster), deleted ones included, one JSON line per decision
+//!   and per execution.
 //!
 //! The binary is `src/bin/kubectl-agentrun.rs`; copied onto `PATH`, kubectl runs it as
 //! `kubectl agentrun`. Errors are one line on stderr and exit code 1 (2 for usage errors).

@@ -14,5 +14,6 @@ mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;
 mod mcp_tools;
+mod notifications;
 mod operator_e2e;
 mod policy_decisions;

@@ -7,6 +7,7 @@
 //! - [`model_server`] and [`tool_server`]: a scripted OpenAI-compatible model and HTTP tools;
 //! - [`mcp_servers`]: MCP servers of the official Python SDK and the reference server, on loopback;
 //!   [`otel_collector`]: a real OpenTelemetry Collector (OTLP in, JSON lines out);
+//! - [`notification_receiver`]: a receiver of the controller's signed CloudEvents;
 //! - [`runs`]: Agent and AgentRun manifests, waiting for a run's phase, its ApprovalRequests;
 //! - [`namespaces`]: namespaces and service-account tokens, with errors returned;
 //! - [`wait`]: bounded waits and free ports; [`cluster_env`]: a cluster folder's settings.
@@ -16,6 +17,7 @@ pub mod cluster_env;
 pub mod mcp_servers;
 pub mod model_server;
 pub mod namespaces;
+pub mod notification_receiver;
 pub mod operator;
 pub mod otel_collector;
 mod recorded;

@@ -216,6 +216,12 @@ impl Planner<'_> {
             request.metadata.namespace = run.namespace();
             request.metadata.labels =
                 Some([(labels::RUN.to_owned(), run_label_value(&run_name))].into());
+            // The run's trace context (only a well-formed one), which the notifications about the
+            // request carry.
+            let trace = crate::notify::events::trace_context(run.annotations()).annotations();
+            if !trace.is_empty() {
+                request.metadata.annotations = Some(trace);
+            }
             request.metadata.owner_references = run.controller_owner_ref(&()).map(|o| vec![o]);
             request.metadata.finalizers = Some(vec![finalizers::KEEP_WITH_RUN.to_owned()]);
             steps.push(Step::CreateRequest {

@@ -236,6 +236,7 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
                 Some(&[finalizers::KEEP_WITH_RUN.to_owned()][..])
             );
             assert_eq!(request.owner_references()[0].uid, "uid-1");
+            assert_eq!(request.metadata.annotations, None, "no trace context");
             assert_eq!(status.phase, Some(ApprovalPhase::Pending));
             assert_eq!(status.expires_at, None);
             assert!(
@@ -249,6 +250,25 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
     assert!(patch.metadata.is_none());
     assert_eq!(patch.status.phase, Some(AgentRunPhase::AwaitingApproval));
     assert_eq!(patch.status.pending_approvals, Some(1));
+
+    // A traced run: its well-formed trace context is copied onto the request (for the
+    // notifications about it), nothing else of its annotations.
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut t = o.clone();
+    t.run.metadata.annotations = Some(
+        [
+            ("traceparent".to_owned(), parent.to_owned()),
+            ("other".to_owned(), "x".to_owned()),
+        ]
+        .into(),
+    );
+    match &plan_of(&t).steps[0] {
+        Step::CreateRequest { request, .. } => assert_eq!(
+            request.metadata.annotations,
+            Some([("agentrun.dev/traceparent".to_owned(), parent.to_owned())].into())
+        ),
+        other => panic!("expected CreateRequest, got {other:?}"),
+    }
 
     // Self-approval allowed by the admin: the creator is not copied, so the policy does not
     // refuse it.

@@ -4,19 +4,23 @@
 //!
 //! When the two sources disagree (a different approver or reason, a digest that does not match),
 //! the row carries a warning instead of silently preferring one of them.
+//!
+//! Without a run, [`export`] audits every run of the namespace or the cluster, the deleted ones
+//! from their ApprovalRecords, as one line per decision and per execution (`-o jsonl`).
 
 mod entries;
+pub mod export;
 
 use kube::ResourceExt;
 use serde::Serialize;
 
 pub use entries::{AuditDecision, AuditEntry, audit_entries};
 
-use super::cli::{AuditArgs, OutputFormat};
+use super::cli::{AuditArgs, AuditFormat};
 use super::text::{Table, shorten};
 use super::{PluginError, Session, render_report};
 use crate::chunk_store;
-use crate::crd::{AgentRun, ApprovalRequest};
+use crate::crd::{AgentRun, ApprovalRecord, ApprovalRequest, ApprovalRequestStatus};
 use crate::state::RunState;
 
 /// How many hex digits of the arguments digest the table shows (`-o json` has all of them).
@@ -36,6 +40,10 @@ pub struct AuditReport {
     pub uid: Option<String>,
     /// Its phase.
     pub phase: Option<String>,
+    /// True when the run is deleted and this audit comes from its ApprovalRecords (which hold
+    /// only the calls that needed approval).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
     /// Every tool call, in the order the model made them.
     pub calls: Vec<AuditEntry>,
 }
@@ -55,6 +63,7 @@ pub fn report(
             .as_ref()
             .and_then(|s| s.phase)
             .map(|p| p.to_string()),
+        deleted: false,
         calls: state
             .map(|s| audit_entries(s, requests))
             .unwrap_or_default(),
@@ -122,50 +131,58 @@ pub fn render_table(report: &AuditReport) -> String {
 }
 
 /// Runs `audit`. A run that was deleted is audited from its ApprovalRecords (the durable copies
-/// of its requests the controller wrote before they went).
+/// of its requests the controller wrote before they went). Without a run: [`export::export`].
 pub async fn audit(session: &Session, args: &AuditArgs) -> Result<String, PluginError> {
-    let run = match session.run(&args.run).await {
-        Ok(run) => run,
+    let Some(name) = args.run.as_deref() else {
+        return export::export(session, args).await;
+    };
+    let report = match session.run(name).await {
+        Ok(run) => live_report(session, &run).await?,
         Err(PluginError::NotFound { .. })
-            if let Some(report) = from_records(session, args).await? =>
+            if let Some(report) = from_records(session, name).await? =>
         {
-            return match render_report(&report, args.output, "the audit") {
-                Some(out) => out,
-                None => Ok(render_table(&report)),
-            };
+            report
         }
         Err(e) => return Err(e),
     };
-    let state = chunk_store::load(&session.client, &run)
-        .await
-        .map_err(|source| PluginError::RunState {
-            run: args.run.clone(),
-            source,
-        })?;
-    let requests = session.requests_of(&run).await?;
-    let report = report(&run, state.as_ref(), &requests);
-    if let Some(out) = render_report(&report, args.output, "the audit") {
-        return out;
-    }
-    debug_assert!(args.output == OutputFormat::Table);
-    Ok(render_table(&report))
+    render(&report, args.output)
 }
 
-/// The audit of the deleted run `args.run`, from its ApprovalRecords (`None` when it has none).
-async fn from_records(
-    session: &Session,
-    args: &AuditArgs,
-) -> Result<Option<AuditReport>, PluginError> {
+/// The report in `format`.
+fn render(report: &AuditReport, format: AuditFormat) -> Result<String, PluginError> {
+    match format.report_format() {
+        None => export::jsonl(&export::lines(report)),
+        Some(format) => match render_report(report, format, "the audit") {
+            Some(out) => out,
+            None => Ok(render_table(report)),
+        },
+    }
+}
+
+/// The audit of a live run: its state joined with its requests.
+async fn live_report(session: &Session, run: &AgentRun) -> Result<AuditReport, PluginError> {
+    let state = chunk_store::load(&session.client, run)
+        .await
+        .map_err(|source| PluginError::RunState {
+            run: run.name_any(),
+            source,
+        })?;
+    let requests = session.requests_of(run).await?;
+    Ok(report(run, state.as_ref(), &requests))
+}
+
+/// The audit of the deleted run `name` of the session's namespace, from its ApprovalRecords
+/// (`None` when it has none).
+async fn from_records(session: &Session, name: &str) -> Result<Option<AuditReport>, PluginError> {
     use crate::crd::keys::labels;
     use crate::crd::names::run_label_value;
-    use crate::crd::{ApprovalRecord, ApprovalRequest, ApprovalRequestStatus};
     use kube::api::{Api, ListParams};
     let selector = format!(
         "{}={},{}={}",
         labels::NAMESPACE,
         run_label_value(&session.namespace),
         labels::RUN,
-        run_label_value(&args.run)
+        run_label_value(name)
     );
     let records: Api<ApprovalRecord> = Api::all(session.client.clone());
     let found = records
@@ -175,13 +192,27 @@ async fn from_records(
     if found.items.is_empty() {
         return Ok(None);
     }
-    let executed: std::collections::HashMap<String, Option<bool>> = found
-        .items
+    Ok(Some(records_report(
+        &session.namespace,
+        name,
+        None,
+        found.items,
+    )))
+}
+
+/// The audit of a deleted run from its ApprovalRecords: the calls that needed approval, as
+/// decided, and whether each ran (as the controller recorded it when the run was deleted).
+pub fn records_report(
+    namespace: &str,
+    run: &str,
+    uid: Option<&str>,
+    records: Vec<ApprovalRecord>,
+) -> AuditReport {
+    let executed: std::collections::HashMap<String, Option<bool>> = records
         .iter()
         .map(|r| (r.spec.request.tool_call_id.clone(), r.spec.executed))
         .collect();
-    let requests: Vec<ApprovalRequest> = found
-        .items
+    let requests: Vec<ApprovalRequest> = records
         .into_iter()
         .map(|record| {
             let mut request = ApprovalRequest::new(&record.spec.request_name, record.spec.request);
@@ -197,8 +228,11 @@ async fn from_records(
             request
         })
         .collect();
-    let run = AgentRun::new(&args.run, Default::default());
-    let mut report = report(&run, Some(&RunState::default()), &requests);
+    let mut placeholder = AgentRun::new(run, Default::default());
+    placeholder.metadata.namespace = Some(namespace.to_owned());
+    placeholder.metadata.uid = uid.map(str::to_owned);
+    let mut report = report(&placeholder, Some(&RunState::default()), &requests);
+    report.deleted = true;
     for call in &mut report.calls {
         call.warnings.clear();
         call.applied = true;
@@ -209,7 +243,7 @@ async fn from_records(
                 .push("the run was deleted and whether this call ran was not recorded".into()),
         }
     }
-    Ok(Some(report))
+    report
 }
 
 #[cfg(test)]
@@ -460,6 +494,7 @@ mod tests {
             namespace: "ns".into(),
             uid: None,
             phase: None,
+            deleted: false,
             calls: entries,
         });
         assert!(table.contains("Approved (not applied yet)"), "{table}");

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod assertion;
 pub mod chunk_store;
 pub mod cli;
+pub mod console;
 pub mod controller;
 pub mod crd;
 pub mod plugin;

@@ -1,0 +1,254 @@
+//! The console's web server: the listener (plain HTTP, or HTTPS with `--tls-cert`/`--tls-key`),
+//! the session middleware, the security headers on every response, and a log line per request
+//! (method, path, status: never a header, a query value or a body).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use super::ConsoleError;
+use super::access::ApiAccess;
+use super::routes::{AppState, router};
+use super::session::{self, SessionSettings};
+
+/// The Content-Security-Policy of every response: nothing but the console's own script, style
+/// and connections; no inline script or style, no plugins, no framing, forms only to itself.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// How long a TLS handshake may take.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections (live updates) get to finish after a shutdown was asked for.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A certificate chain and its key (PEM files) to serve HTTPS with.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// Everything the console is started with.
+#[derive(Clone, Debug)]
+pub struct ConsoleConfig {
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// The API server (its URL and CA; any credential in it is dropped).
+    pub api: kube::Config,
+    /// The namespaces the inbox looks in for people who may not list all namespaces.
+    pub namespaces: Vec<String>,
+    /// Serve HTTPS with these.
+    pub tls: Option<TlsFiles>,
+    /// Mark the session cookie `Secure` although the console serves plain HTTP (TLS terminates in
+    /// a proxy in front). Always on with [`ConsoleConfig::tls`].
+    pub secure_cookies: bool,
+    /// A session ends after this long without a page being opened.
+    pub idle_timeout: Duration,
+    /// A session ends this long after login.
+    pub lifetime: Duration,
+}
+
+/// A bound console, ready to serve.
+pub struct Console {
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+}
+
+impl Console {
+    /// Binds the listen address and prepares the routes.
+    pub async fn bind(config: ConsoleConfig) -> Result<Console, ConsoleError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = config.tls.as_ref().map(acceptor).transpose()?;
+        let settings = SessionSettings {
+            idle_timeout: config.idle_timeout,
+            lifetime: config.lifetime,
+            secure: config.secure_cookies || tls.is_some(),
+        };
+        let store = session::store();
+        let state = AppState {
+            access: ApiAccess::new(config.api)?,
+            namespaces: Arc::new(config.namespaces),
+            sessions: settings,
+            store: store.clone(),
+        };
+        let hsts = tls.is_some() || config.secure_cookies;
+        let app = router(state)
+            .layer(session::layer(store, settings))
+            .layer(middleware::from_fn(move |request: Request, next: Next| {
+                respond(request, next, hsts)
+            }));
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ConsoleError::Bind {
+                address: config.listen,
+                source,
+            })?;
+        Ok(Console { listener, tls, app })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr, ConsoleError> {
+        self.listener.local_addr().map_err(ConsoleError::Serve)
+    }
+
+    /// Serves until `shutdown` is cancelled (then gives open connections [`SHUTDOWN_GRACE`]).
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), ConsoleError> {
+        let app = self.app.into_make_service();
+        let graceful = shutdown.clone();
+        let served = async move {
+            match self.tls {
+                None => {
+                    axum::serve(self.listener, app)
+                        .with_graceful_shutdown(graceful.cancelled_owned())
+                        .await
+                }
+                Some(acceptor) => {
+                    axum::serve(TlsListener::new(self.listener, acceptor), app)
+                        .with_graceful_shutdown(graceful.cancelled_owned())
+                        .await
+                }
+            }
+        };
+        tokio::select! {
+            result = served => result.map_err(ConsoleError::Serve),
+            () = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } => Ok(()),
+        }
+    }
+}
+
+/// Sets the security headers on every response and logs the request.
+async fn respond(request: Request, next: Next, hsts: bool) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    let mut set = |name: HeaderName, value: &'static str| {
+        headers.insert(name, HeaderValue::from_static(value));
+    };
+    set(header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY);
+    set(header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(header::X_FRAME_OPTIONS, "DENY");
+    set(header::REFERRER_POLICY, "no-referrer");
+    set(
+        HeaderName::from_static("cross-origin-opener-policy"),
+        "same-origin",
+    );
+    set(
+        HeaderName::from_static("cross-origin-resource-policy"),
+        "same-origin",
+    );
+    if hsts {
+        set(header::STRICT_TRANSPORT_SECURITY, "max-age=31536000");
+    }
+    if !path.starts_with("/static/") {
+        set(header::CACHE_CONTROL, "no-store");
+    }
+    tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    response
+}
+
+fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, ConsoleError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let tls_error = |what: &PathBuf, message: String| ConsoleError::Tls {
+        path: what.clone(),
+        message,
+    };
+    let chain = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| tls_error(&files.cert, e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| tls_error(&files.key, e.to_string()))?;
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| tls_error(&files.cert, e.to_string()))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Accepts TCP connections and hands over those whose TLS handshake completed in time (the
+/// handshakes run concurrently, so a slow client holds up nobody else).
+struct TlsListener {
+    connections: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: std::io::Result<SocketAddr>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    fn new(listener: TcpListener, acceptor: TlsAcceptor) -> TlsListener {
+        let local = listener.local_addr();
+        let (sender, connections) = mpsc::channel(64);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                    {
+                        Ok(Ok(stream)) => {
+                            let _ = sender.send((stream, peer)).await;
+                        }
+                        Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        TlsListener {
+            connections,
+            local,
+            accepting,
+        }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.connections.recv().await {
+            Some(connection) => connection,
+            // The accepting task ended (never while this listener lives): wait for shutdown.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        match &self.local {
+            Ok(address) => Ok(*address),
+            Err(error) => Err(std::io::Error::new(error.kind(), error.to_string())),
+        }
+    }
+}

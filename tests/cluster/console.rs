@@ -151,9 +151,18 @@ async fn js(driver: &WebDriver, script: &str) -> Value {
         .clone()
 }
 
+/// Saves a screenshot of the whole page (the window grown to the page's height for it).
 async fn screenshot(driver: &WebDriver, name: &str) {
     let path = artifacts_dir("console").join(name);
+    let height = js(driver, "return document.documentElement.scrollHeight")
+        .await
+        .as_i64()
+        .unwrap_or(1000)
+        .clamp(600, 4000);
+    let grow = u32::try_from(height + 140).unwrap_or(1000);
+    driver.set_window_rect(0, 0, 1280, grow).await.expect("resize the window");
     driver.screenshot(&path).await.expect("save a screenshot");
+    driver.set_window_rect(0, 0, 1280, 1000).await.expect("resize the window");
     eprintln!("screenshot: {}", path.display());
 }
 

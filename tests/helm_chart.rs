@@ -967,14 +967,21 @@ async fn the_console_renders_when_enabled_with_no_rights_of_its_own() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert_eq!(args[..3], ["console", "--listen", "0.0.0.0:8090"], "{args:?}");
+    assert_eq!(
+        args[..3],
+        ["console", "--listen", "0.0.0.0:8090"],
+        "{args:?}"
+    );
     for expected in [
         ["--api-ca-file", "/etc/agentrun/api-ca/ca.crt"],
         ["--namespace", "team-a"],
         ["--tls-cert", "/etc/agentrun/tls/tls.crt"],
         ["--tls-key", "/etc/agentrun/tls/tls.key"],
     ] {
-        assert!(args.windows(2).any(|w| w == expected), "{expected:?} in {args:?}");
+        assert!(
+            args.windows(2).any(|w| w == expected),
+            "{expected:?} in {args:?}"
+        );
     }
     assert!(args.contains(&"--secure-cookies"), "{args:?}");
     assert_eq!(container["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
@@ -989,8 +996,7 @@ async fn the_console_renders_when_enabled_with_no_rights_of_its_own() {
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] != name.as_str())
         .expect("the controller's Deployment");
     assert_eq!(
-        controller["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
-        "controller",
+        controller["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"], "controller",
         "the controller's selector does not take the console's Pods"
     );
     let out = cp.kubectl_with_stdin(
@@ -998,7 +1004,10 @@ async fn the_console_renders_when_enabled_with_no_rights_of_its_own() {
         &["apply", "--dry-run=server", "-f", "-"],
         Some(&rendered),
     );
-    assert_success(&out, "kubectl apply --dry-run=server of the chart with the console");
+    assert_success(
+        &out,
+        "kubectl apply --dry-run=server of the chart with the console",
+    );
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains(&format!("deployment.apps/{name} created (server dry run)")),

@@ -16,7 +16,11 @@ use crate::console::{Console, ConsoleConfig, ConsoleError, TlsFiles};
 #[derive(Args, Debug)]
 pub struct ConsoleArgs {
     /// The address to listen on.
-    #[arg(long, env = "AGENTRUN_CONSOLE_LISTEN", default_value = "127.0.0.1:8090")]
+    #[arg(
+        long,
+        env = "AGENTRUN_CONSOLE_LISTEN",
+        default_value = "127.0.0.1:8090"
+    )]
     pub listen: SocketAddr,
     /// The kubeconfig naming the API server (only its server and CA are used, never its
     /// credentials). Default: `$KUBECONFIG` or `~/.kube/config`, or in a Pod the in-cluster
@@ -32,7 +36,11 @@ pub struct ConsoleArgs {
     pub api_ca_file: PathBuf,
     /// A namespace the inbox looks in for people who may not list ApprovalRequests in all
     /// namespaces (repeat the flag, or separate with commas).
-    #[arg(long = "namespace", env = "AGENTRUN_CONSOLE_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long = "namespace",
+        env = "AGENTRUN_CONSOLE_NAMESPACES",
+        value_delimiter = ','
+    )]
     pub namespaces: Vec<String>,
     /// Serve HTTPS with this certificate chain (PEM); needs `--tls-key`.
     #[arg(long, requires = "tls_key")]

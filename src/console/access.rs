@@ -53,39 +53,40 @@ pub enum ApiServer {
 impl ApiServer {
     /// The client configuration of the API server, with every credential removed.
     pub async fn config(&self) -> Result<Config, ConsoleError> {
-        let mut config = match self {
-            ApiServer::Kubeconfig { path, context } => {
-                let options = KubeConfigOptions {
-                    context: context.clone(),
-                    ..Default::default()
-                };
-                match path {
-                    Some(path) => {
-                        let kubeconfig =
-                            Kubeconfig::read_from(path).map_err(|e| ConsoleError::Api {
-                                message: format!(
-                                    "cannot read the kubeconfig {}: {e}",
-                                    path.display()
-                                ),
-                            })?;
-                        Config::from_custom_kubeconfig(kubeconfig, &options)
-                            .await
-                            .map_err(|e| ConsoleError::Api {
-                                message: format!(
-                                    "cannot use the kubeconfig {}: {e}",
-                                    path.display()
-                                ),
-                            })?
-                    }
-                    None => Config::from_kubeconfig(&options)
-                        .await
-                        .map_err(|e| ConsoleError::Api {
-                            message: format!("cannot use the kubeconfig: {e}"),
+        let mut config =
+            match self {
+                ApiServer::Kubeconfig { path, context } => {
+                    let options = KubeConfigOptions {
+                        context: context.clone(),
+                        ..Default::default()
+                    };
+                    match path {
+                        Some(path) => {
+                            let kubeconfig =
+                                Kubeconfig::read_from(path).map_err(|e| ConsoleError::Api {
+                                    message: format!(
+                                        "cannot read the kubeconfig {}: {e}",
+                                        path.display()
+                                    ),
+                                })?;
+                            Config::from_custom_kubeconfig(kubeconfig, &options)
+                                .await
+                                .map_err(|e| ConsoleError::Api {
+                                    message: format!(
+                                        "cannot use the kubeconfig {}: {e}",
+                                        path.display()
+                                    ),
+                                })?
+                        }
+                        None => Config::from_kubeconfig(&options).await.map_err(|e| {
+                            ConsoleError::Api {
+                                message: format!("cannot use the kubeconfig: {e}"),
+                            }
                         })?,
+                    }
                 }
-            }
-            ApiServer::InCluster { ca_file } => in_cluster(ca_file)?,
-        };
+                ApiServer::InCluster { ca_file } => in_cluster(ca_file)?,
+            };
         // The console acts only with the credentials of the people who use it.
         config.auth_info = AuthInfo::default();
         config.headers.clear();

@@ -28,7 +28,9 @@ pub fn new_token() -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CsrfRefusal {
     /// The request has no token, or not the session's.
-    #[error("the form's security token is missing or does not match your session: reload the page and try again")]
+    #[error(
+        "the form's security token is missing or does not match your session: reload the page and try again"
+    )]
     BadToken,
     /// The browser says the request comes from another site.
     #[error("the request comes from another site")]
@@ -79,7 +81,10 @@ mod tests {
             Err(CsrfRefusal::BadToken)
         );
         assert_eq!(check(&headers, None, Some("")), Err(CsrfRefusal::BadToken));
-        assert_eq!(check(&headers, Some(""), Some("")), Err(CsrfRefusal::BadToken));
+        assert_eq!(
+            check(&headers, Some(""), Some("")),
+            Err(CsrfRefusal::BadToken)
+        );
         headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
         assert_eq!(check(&headers, Some(&token), Some(&token)), Ok(()));
         headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));

@@ -121,10 +121,9 @@ fn rows_of(objects: Vec<DynamicObject>) -> Vec<InboxRow> {
         .into_iter()
         .filter_map(|object| {
             let quorum = quorum(&object);
-            let request: ApprovalRequest =
-                serde_json::to_value(&object)
-                    .ok()
-                    .and_then(|v| serde_json::from_value(v).ok())?;
+            let request: ApprovalRequest = serde_json::to_value(&object)
+                .ok()
+                .and_then(|v| serde_json::from_value(v).ok())?;
             is_pending(&request).then(|| InboxRow {
                 namespace: request.namespace().unwrap_or_default(),
                 name: request.name_any(),
@@ -165,8 +164,7 @@ pub async fn inbox(client: &Client, scope: &Scope) -> Result<Inbox, ApiFailure> 
         }
         Scope::Namespaces(namespaces) => {
             let lists = join_all(namespaces.iter().map(|ns| {
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client.clone(), ns, &resource);
+                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
                 async move {
                     let action = format!("list approvalrequests in namespace {ns}");
                     (ns, timed(&action, api.list(&ListParams::default())).await)
@@ -340,9 +338,15 @@ mod tests {
     #[test]
     fn pending_rows_carry_requester_expiry_and_quorum_when_present() {
         let rows = rows_of(vec![
-            object(json!({"phase": "Pending", "expiresAt": "2030-01-01T00:00:00Z"}), "2026-01-01T00:00:00Z"),
+            object(
+                json!({"phase": "Pending", "expiresAt": "2030-01-01T00:00:00Z"}),
+                "2026-01-01T00:00:00Z",
+            ),
             object(json!({"phase": "Expired"}), "2026-01-01T00:00:01Z"),
-            object(json!({"quorum": {"required": 2, "approvals": [{"by": "a"}]}}), "2026-01-01T00:00:02Z"),
+            object(
+                json!({"quorum": {"required": 2, "approvals": [{"by": "a"}]}}),
+                "2026-01-01T00:00:02Z",
+            ),
         ]);
         assert_eq!(rows.len(), 2, "the expired request is not pending");
         assert_eq!(rows[0].requester.as_deref(), Some("carol@example.com"));

@@ -113,9 +113,12 @@ fn error_page(
 /// The answer to a request without a person: the login page for pages, 401 for the rest.
 fn no_person(error: NoPerson, page: bool) -> Response {
     match error {
-        NoPerson::LoggedOut { expired } if page => {
-            Redirect::to(if expired { "/login?expired=1" } else { "/login" }).into_response()
-        }
+        NoPerson::LoggedOut { expired } if page => Redirect::to(if expired {
+            "/login?expired=1"
+        } else {
+            "/login"
+        })
+        .into_response(),
         NoPerson::LoggedOut { .. } => StatusCode::UNAUTHORIZED.into_response(),
         NoPerson::Store(message) => error_page(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -221,7 +224,10 @@ async fn login(
                         csrf: expected.unwrap_or_default(),
                         ..Frame::default()
                     },
-                    error: Some(format!("The API server did not accept the token: {}", failure.message)),
+                    error: Some(format!(
+                        "The API server did not accept the token: {}",
+                        failure.message
+                    )),
                     notice: None,
                 },
             )
@@ -385,8 +391,7 @@ async fn events(
         match data::scope(&client, &namespaces(&state, &query)).await {
             Ok(Scope::AllNamespaces) => vec![Api::all(client)],
             Ok(Scope::Namespaces(names)) => {
-                let readable = match data::inbox(&client, &Scope::Namespaces(names.clone())).await
-                {
+                let readable = match data::inbox(&client, &Scope::Namespaces(names.clone())).await {
                     Ok(inbox) => inbox.unreadable,
                     Err(failure) => {
                         return (StatusCode::BAD_GATEWAY, failure.to_string()).into_response();
@@ -408,13 +413,19 @@ async fn events(
     let changes = futures::stream::select_all(watches).filter_map(|event| async move {
         match event {
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                Some(Ok::<Event, Infallible>(Event::default().event("changed").data("")))
+                Some(Ok::<Event, Infallible>(
+                    Event::default().event("changed").data(""),
+                ))
             }
             _ => None,
         }
     });
     let first = futures::stream::once(async {
-        Ok::<Event, Infallible>(Event::default().retry(Duration::from_secs(5)).comment("live"))
+        Ok::<Event, Infallible>(
+            Event::default()
+                .retry(Duration::from_secs(5))
+                .comment("live"),
+        )
     });
     let store = state.store.clone();
     let id = session.id();
@@ -471,9 +482,9 @@ async fn request_page(
                     "Your approval was recorded; the run resumes once the controller applies it."
                         .to_owned(),
                 ),
-                Some("Rejected") => Some(
-                    "Your rejection was recorded; the model is told your message.".to_owned(),
-                ),
+                Some("Rejected") => {
+                    Some("Your rejection was recorded; the model is told your message.".to_owned())
+                }
                 _ => None,
             };
             html(StatusCode::OK, &page)
@@ -580,7 +591,12 @@ async fn decide(
             page.message = form.message.unwrap_or_default();
             html(status, &page)
         }
-        Err(_) => error_page(status, Some(&person), "The API server refused", refusal.message),
+        Err(_) => error_page(
+            status,
+            Some(&person),
+            "The API server refused",
+            refusal.message,
+        ),
     }
 }
 
@@ -610,7 +626,12 @@ async fn audit(
 }
 
 async fn not_found() -> Response {
-    error_page(StatusCode::NOT_FOUND, None, "Not found", "There is no such page.")
+    error_page(
+        StatusCode::NOT_FOUND,
+        None,
+        "Not found",
+        "There is no such page.",
+    )
 }
 
 async fn css() -> Response {

@@ -91,12 +91,13 @@ impl Console {
             .layer(middleware::from_fn(move |request: Request, next: Next| {
                 respond(request, next, hsts)
             }));
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ConsoleError::Bind {
-                address: config.listen,
-                source,
-            })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ConsoleError::Bind {
+                    address: config.listen,
+                    source,
+                })?;
         Ok(Console { listener, tls, app })
     }
 
@@ -208,8 +209,7 @@ impl TlsListener {
                 let acceptor = acceptor.clone();
                 let sender = sender.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                    {
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let _ = sender.send((stream, peer)).await;
                         }

@@ -132,7 +132,9 @@ pub enum NoPerson {
         expired: bool,
     },
     /// An `Authorization` header the console does not forward (not `Bearer`).
-    #[error("the Authorization header is not a bearer token; only bearer tokens are forwarded to the API server")]
+    #[error(
+        "the Authorization header is not a bearer token; only bearer tokens are forwarded to the API server"
+    )]
     UnsupportedAuthorization,
     /// The API server did not accept the credential.
     #[error("{0}")]
@@ -152,10 +154,7 @@ pub async fn csrf_token(session: &Session) -> Result<String, NoPerson> {
         return Ok(token);
     }
     let token = csrf::new_token();
-    session
-        .insert(CSRF, &token)
-        .await
-        .map_err(store_error)?;
+    session.insert(CSRF, &token).await.map_err(store_error)?;
     Ok(token)
 }
 
@@ -222,10 +221,7 @@ pub async fn person(
                     fingerprint,
                     username: username.clone(),
                 };
-                session
-                    .insert(PROXY, identity)
-                    .await
-                    .map_err(store_error)?;
+                session.insert(PROXY, identity).await.map_err(store_error)?;
                 username
             }
         };

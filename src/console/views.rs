@@ -298,9 +298,7 @@ pub fn rows(rows: &[InboxRow], now: DateTime<Utc>) -> InboxRows {
                 waiting: age(row.created, now),
                 created: row.created.as_ref().map(rfc3339).unwrap_or_default(),
                 time_left: time_left(row.expires, now),
-                urgent: row
-                    .expires
-                    .is_some_and(|e| (e - now).num_seconds() < 600),
+                urgent: row.expires.is_some_and(|e| (e - now).num_seconds() < 600),
                 quorum: row.quorum.clone(),
             })
             .collect(),
@@ -436,7 +434,10 @@ pub fn conversation(view: &RunView, current: &str) -> Vec<MessageView> {
 
 /// Why the call needs approval: the tool's rule in the Agent the run is bound to.
 fn rule(run: Option<&AgentRun>, tool: &str) -> String {
-    let Some(agent) = run.and_then(|r| r.status.as_ref()).and_then(|s| s.agent.as_ref()) else {
+    let Some(agent) = run
+        .and_then(|r| r.status.as_ref())
+        .and_then(|s| s.agent.as_ref())
+    else {
         return "the run's Agent is not readable here".to_owned();
     };
     let generation = agent
@@ -470,14 +471,14 @@ fn decision(request: &ApprovalRequest) -> Option<DecisionView> {
     let spec = &request.spec;
     let decision = spec.decision?;
     let status = request.status.as_ref();
-    let stamped_by = request
-        .annotations()
-        .get(DECIDED_BY)
-        .map(|stamp| match serde_json::from_str::<serde_json::Value>(stamp) {
-            Ok(value) => value["username"]
-                .as_str()
-                .map_or_else(|| stamp.clone(), str::to_owned),
-            Err(_) => stamp.clone(),
+    let stamped_by =
+        request.annotations().get(DECIDED_BY).map(|stamp| {
+            match serde_json::from_str::<serde_json::Value>(stamp) {
+                Ok(value) => value["username"]
+                    .as_str()
+                    .map_or_else(|| stamp.clone(), str::to_owned),
+                Err(_) => stamp.clone(),
+            }
         });
     Some(DecisionView {
         decision: decision.to_string(),
@@ -509,9 +510,7 @@ pub fn request_page(frame: Frame, data: &RequestData, now: DateTime<Utc>) -> Req
     let namespace = request.namespace().unwrap_or_default();
     let status = request.status.as_ref();
     let phase = status.and_then(|s| s.phase);
-    let expires = status
-        .and_then(|s| s.expires_at.as_ref())
-        .and_then(to_utc);
+    let expires = status.and_then(|s| s.expires_at.as_ref()).and_then(to_utc);
     let decided = decision(request);
     let run = data.run.as_ref().ok();
     RequestPage {
@@ -551,7 +550,10 @@ pub fn request_page(frame: Frame, data: &RequestData, now: DateTime<Utc>) -> Req
             .map(rfc3339)
             .unwrap_or_default(),
         phase: phase.unwrap_or_default().to_string(),
-        expires: expires.as_ref().map(rfc3339).unwrap_or_else(|| "never".to_owned()),
+        expires: expires
+            .as_ref()
+            .map(rfc3339)
+            .unwrap_or_else(|| "never".to_owned()),
         time_left: time_left(expires, now),
         decidable: decided.is_none()
             && !phase.is_some_and(ApprovalPhase::is_final)
@@ -562,7 +564,11 @@ pub fn request_page(frame: Frame, data: &RequestData, now: DateTime<Utc>) -> Req
             .as_ref()
             .map(|v| conversation(v, &spec.tool_call_id))
             .unwrap_or_default(),
-        input: data.view.as_ref().map(|v| v.input.clone()).unwrap_or_default(),
+        input: data
+            .view
+            .as_ref()
+            .map(|v| v.input.clone())
+            .unwrap_or_default(),
         run_note: data.run.as_ref().err().cloned(),
         error: None,
         notice: None,
@@ -624,7 +630,10 @@ mod tests {
         assert!(!html.contains("<script>window"), "{html}");
         assert!(!html.contains("<img"), "{html}");
         assert!(!html.contains("<a href=\"javascript"), "{html}");
-        assert!(html.contains("&lt;script&gt;window.pwned=1&lt;/script&gt;"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;window.pwned=1&lt;/script&gt;"),
+            "{html}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use agentrun::console::server::CONTENT_SECURITY_POLICY;
 use agentrun::crd::keys::annotations::DECIDED_BY;
 use agentrun::crd::{AgentRunPhase, ApprovalRequest};
+use agentrun_testkit::browser::thirtyfour::{self, prelude::*};
 use agentrun_testkit::browser::{Browser, artifacts_dir};
 use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
 use agentrun_testkit::console::ConsoleServer;
@@ -20,7 +21,6 @@ use agentrun_testkit::runs::{
 use agentrun_testkit::tool_server::ToolServer;
 use kube::api::Api;
 use serde_json::{Value, json};
-use agentrun_testkit::browser::thirtyfour::{self, prelude::*};
 
 /// alice and bob approve (read runs, read and patch ApprovalRequests); carol holds the built-in
 /// `edit` role: she creates runs and reads their ApprovalRequests, but may not decide.
@@ -109,7 +109,10 @@ async fn text_of(driver: &WebDriver, id: &str) -> String {
 
 /// Logs in through the login page with `token`; returns once the inbox shows.
 async fn log_in(driver: &WebDriver, console: &ConsoleServer, token: &str, username: &str) {
-    driver.goto(console.url("/")).await.expect("open the console");
+    driver
+        .goto(console.url("/"))
+        .await
+        .expect("open the console");
     assert!(
         driver
             .current_url()
@@ -160,9 +163,15 @@ async fn screenshot(driver: &WebDriver, name: &str) {
         .unwrap_or(1000)
         .clamp(600, 4000);
     let grow = u32::try_from(height + 140).unwrap_or(1000);
-    driver.set_window_rect(0, 0, 1280, grow).await.expect("resize the window");
+    driver
+        .set_window_rect(0, 0, 1280, grow)
+        .await
+        .expect("resize the window");
     driver.screenshot(&path).await.expect("save a screenshot");
-    driver.set_window_rect(0, 0, 1280, 1000).await.expect("resize the window");
+    driver
+        .set_window_rect(0, 0, 1280, 1000)
+        .await
+        .expect("resize the window");
     eprintln!("screenshot: {}", path.display());
 }
 
@@ -206,8 +215,16 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
         .unwrap();
     find(driver, By::Id("approve")).await.click().await.unwrap();
     let refusal = text_of(driver, "error-message").await;
-    for needle in ["forbidden", "carol@example.com", "cannot patch", "approvalrequests"] {
-        assert!(refusal.contains(needle), "the refusal lacks {needle:?}: {refusal}");
+    for needle in [
+        "forbidden",
+        "carol@example.com",
+        "cannot patch",
+        "approvalrequests",
+    ] {
+        assert!(
+            refusal.contains(needle),
+            "the refusal lacks {needle:?}: {refusal}"
+        );
     }
     screenshot(driver, "request-refused-carol.png").await;
     assert_eq!(
@@ -220,7 +237,11 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     // alice logs in with her token: the inbox lists the request with its run and requester.
     let alice = cp.token(Identity::Alice);
     log_in(driver, &console, &alice, "alice@example.com").await;
-    let rows = find(driver, By::Id("inbox-rows")).await.text().await.unwrap();
+    let rows = find(driver, By::Id("inbox-rows"))
+        .await
+        .text()
+        .await
+        .unwrap();
     for needle in ["delete_user", "r1", ns, "carol@example.com", "no deadline"] {
         assert!(rows.contains(needle), "the inbox lacks {needle:?}: {rows}");
     }
@@ -242,16 +263,23 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     .await;
     let visible = visible.as_str().unwrap_or_default();
     assert!(!visible.contains(&alice), "{visible}");
-    assert!(!visible.contains("agentrun-console"), "the session cookie is HttpOnly: {visible}");
-    let cookie = driver.get_named_cookie("agentrun-console").await.expect("the session cookie");
-    assert_eq!(cookie.http_only, Some(true));
-    assert_eq!(
-        cookie.same_site,
-        Some(thirtyfour::cookie::SameSite::Strict)
+    assert!(
+        !visible.contains("agentrun-console"),
+        "the session cookie is HttpOnly: {visible}"
     );
+    let cookie = driver
+        .get_named_cookie("agentrun-console")
+        .await
+        .expect("the session cookie");
+    assert_eq!(cookie.http_only, Some(true));
+    assert_eq!(cookie.same_site, Some(thirtyfour::cookie::SameSite::Strict));
 
     // The request page: the conversation, the exact arguments and their digest, the endpoint.
-    find(driver, By::Css("#inbox-rows a.open")).await.click().await.unwrap();
+    find(driver, By::Css("#inbox-rows a.open"))
+        .await
+        .click()
+        .await
+        .unwrap();
     assert_eq!(
         text_of(driver, "arguments").await,
         "{\n  \"user_id\": \"u-1\"\n}"
@@ -262,17 +290,32 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
         scene.tools.url("/delete_user")
     );
     assert_eq!(text_of(driver, "requester").await, "carol@example.com");
-    assert!(text_of(driver, "rule").await.contains("requiresApproval: true"));
-    let page = find(driver, By::Css("section.conversation")).await.text().await.unwrap();
+    assert!(
+        text_of(driver, "rule")
+            .await
+            .contains("requiresApproval: true")
+    );
+    let page = find(driver, By::Css("section.conversation"))
+        .await
+        .text()
+        .await
+        .unwrap();
     for needle in [
         "Delete user u-1, ticket CR-1234",
         "Looking the user up, then deleting them.",
         "lookup_user",
         "(this request)",
     ] {
-        assert!(page.contains(needle), "the conversation lacks {needle:?}:\n{page}");
+        assert!(
+            page.contains(needle),
+            "the conversation lacks {needle:?}:\n{page}"
+        );
     }
-    let reject_form = find(driver, By::Css("form.reject")).await.text().await.unwrap();
+    let reject_form = find(driver, By::Css("form.reject"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(
         reject_form.contains("The model sees exactly this message"),
         "{reject_form}"
@@ -288,7 +331,9 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
         .unwrap();
     find(driver, By::Id("approve")).await.click().await.unwrap();
     assert!(
-        text_of(driver, "notice").await.contains("Your approval was recorded"),
+        text_of(driver, "notice")
+            .await
+            .contains("Your approval was recorded"),
         "the page confirms the decision"
     );
     assert_eq!(text_of(driver, "approver").await, "alice@example.com");
@@ -296,14 +341,24 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     wait_for_phase(cp, ns, "r1", AgentRunPhase::Succeeded).await;
     assert_eq!(scene.tools.requests_to("/delete_user").len(), 1);
     let decided = admin_request(cp, ns, &apr).await;
-    assert_eq!(decided.spec.approver_id.as_deref(), Some("alice@example.com"));
+    assert_eq!(
+        decided.spec.approver_id.as_deref(),
+        Some("alice@example.com")
+    );
     assert_eq!(decided.spec.reason.as_deref(), Some(reason));
     let stamp: Value =
         serde_json::from_str(&decided.metadata.annotations.as_ref().unwrap()[DECIDED_BY])
             .expect("the decided-by stamp");
     assert_eq!(stamp["username"], "alice@example.com");
     assert_eq!(
-        decided.status.as_ref().unwrap().verified_identity.as_ref().unwrap().username,
+        decided
+            .status
+            .as_ref()
+            .unwrap()
+            .verified_identity
+            .as_ref()
+            .unwrap()
+            .username,
         "alice@example.com"
     );
 
@@ -345,20 +400,40 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
         .goto(console.url(&format!("/runs/{ns}/r1/audit")))
         .await
         .unwrap();
-    let audit = find(driver, By::Css("table.audit")).await.text().await.unwrap();
-    for needle in ["delete_user", "Approved", "alice@example.com", reason, "NotRequired"] {
-        assert!(audit.contains(needle), "the audit lacks {needle:?}:\n{audit}");
+    let audit = find(driver, By::Css("table.audit"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "delete_user",
+        "Approved",
+        "alice@example.com",
+        reason,
+        "NotRequired",
+    ] {
+        assert!(
+            audit.contains(needle),
+            "the audit lacks {needle:?}:\n{audit}"
+        );
     }
     screenshot(driver, "audit.png").await;
 
     // The inbox no longer lists it.
     driver.goto(console.url("/")).await.unwrap();
-    let rows = find(driver, By::Id("inbox-rows")).await.text().await.unwrap();
+    let rows = find(driver, By::Id("inbox-rows"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(rows.contains("Nothing is waiting"), "{rows}");
 
     browser.stop().await;
     console.stop().await;
-    eprintln!("console browser test: {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "console browser test: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +459,13 @@ async fn hostile_model_output_and_arguments_render_as_inert_text() {
     let console = ConsoleServer::start(cp, &[ns]).await;
     let browser = Browser::start().await;
     let driver = &browser.driver;
-    log_in(driver, &console, &cp.token(Identity::Alice), "alice@example.com").await;
+    log_in(
+        driver,
+        &console,
+        &cp.token(Identity::Alice),
+        "alice@example.com",
+    )
+    .await;
     driver
         .goto(console.url(&format!("/requests/{ns}/{apr}")))
         .await
@@ -395,7 +476,10 @@ async fn hostile_model_output_and_arguments_render_as_inert_text() {
         r#""note": "<img src=x onerror=\"window.pwned = 5\">""#,
         r#""link": "javascript:window.pwned = 6""#,
     ] {
-        assert!(arguments.contains(needle), "the arguments lack {needle}:\n{arguments}");
+        assert!(
+            arguments.contains(needle),
+            "the arguments lack {needle}:\n{arguments}"
+        );
     }
     let conversation = find(driver, By::Css("section.conversation"))
         .await
@@ -448,7 +532,10 @@ struct Reply {
 }
 
 async fn send(request: reqwest::RequestBuilder) -> Reply {
-    let response = request.send().await.expect("an HTTP request to the console");
+    let response = request
+        .send()
+        .await
+        .expect("an HTTP request to the console");
     let header = |name: &str| {
         response
             .headers()
@@ -525,7 +612,10 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     // Anonymous: pages go to the login page, background requests get 401; every response has
     // the strict Content-Security-Policy.
     let reply = send(http.get(console.url("/"))).await;
-    assert_eq!((reply.status, reply.location.as_deref()), (303, Some("/login")));
+    assert_eq!(
+        (reply.status, reply.location.as_deref()),
+        (303, Some("/login"))
+    );
     assert_eq!(reply.csp.as_deref(), Some(CONTENT_SECURITY_POLICY));
     assert_eq!(send(http.get(console.url("/inbox/rows"))).await.status, 401);
 
@@ -586,7 +676,9 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     for (what, request) in [
         (
             "no token",
-            http.post(&approve).header("cookie", &session).form_body(&fields(None)),
+            http.post(&approve)
+                .header("cookie", &session)
+                .form_body(&fields(None)),
         ),
         (
             "the anonymous session's token",
@@ -614,10 +706,10 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     assert_eq!(admin_request(cp, ns, &apr).await.spec.decision, None);
 
     // An authenticating proxy's Authorization header works with the defaults (bob, no login).
-    let proxied = send(
-        http.get(console.url("/"))
-            .header("authorization", format!("Bearer {}", cp.token(Identity::Bob))),
-    )
+    let proxied = send(http.get(console.url("/")).header(
+        "authorization",
+        format!("Bearer {}", cp.token(Identity::Bob)),
+    ))
     .await;
     assert_eq!(proxied.status, 200);
     assert!(proxied.body.contains("bob@example.com"), "{}", proxied.body);
@@ -632,11 +724,19 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     .await;
     assert_eq!(accepted.status, 303, "{}", accepted.body);
     let decided = admin_request(cp, ns, &apr).await;
-    assert_eq!(decided.spec.approver_id.as_deref(), Some("alice@example.com"));
+    assert_eq!(
+        decided.spec.approver_id.as_deref(),
+        Some("alice@example.com")
+    );
 
     // Logging out needs the token too, and ends the session on the server.
     let logout = console.url("/logout");
-    let reply = send(http.post(&logout).header("cookie", &session).form_body(&[("x", "y")])).await;
+    let reply = send(
+        http.post(&logout)
+            .header("cookie", &session)
+            .form_body(&[("x", "y")]),
+    )
+    .await;
     assert_eq!(reply.status, 403);
     let reply = send(
         http.post(&logout)
@@ -646,6 +746,10 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     .await;
     assert_eq!(reply.status, 303);
     let reply = send(http.get(console.url("/")).header("cookie", &session)).await;
-    assert_eq!(reply.location.as_deref(), Some("/login"), "the old session is gone");
+    assert_eq!(
+        reply.location.as_deref(),
+        Some("/login"),
+        "the old session is gone"
+    );
     console.stop().await;
 }

@@ -9,8 +9,8 @@
 //! Missing binaries fail the test with a message saying how to install them (`.ci/run` does):
 //! a browser test never skips.
 
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -39,7 +39,11 @@ fn binary(variable: &str, names: &[&str]) -> PathBuf {
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
     for name in names {
-        for dir in dirs.iter().map(PathBuf::as_path).chain([Path::new("/usr/bin")]) {
+        for dir in dirs
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([Path::new("/usr/bin")])
+        {
             let candidate = dir.join(name);
             if candidate.is_file() {
                 return candidate;
@@ -114,8 +118,9 @@ impl Browser {
                 Ok(driver) => break driver,
                 Err(error) => {
                     if let Ok(Some(status)) = chromedriver.try_wait() {
-                        let log = std::fs::read_to_string(profile.with_extension("chromedriver.log"))
-                            .unwrap_or_default();
+                        let log =
+                            std::fs::read_to_string(profile.with_extension("chromedriver.log"))
+                                .unwrap_or_default();
                         panic!("chromedriver exited ({status}):\n{log}");
                     }
                     if tokio::time::Instant::now() > deadline {

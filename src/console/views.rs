@@ -631,7 +631,7 @@ mod tests {
         assert!(!html.contains("<img"), "{html}");
         assert!(!html.contains("<a href=\"javascript"), "{html}");
         assert!(
-            html.contains("&lt;script&gt;window.pwned=1&lt;/script&gt;"),
+            html.contains("&#60;script&#62;window.pwned=1&#60;/script&#62;"),
             "{html}"
         );
     }

@@ -267,6 +267,16 @@ pub struct DecisionForm {
     pub arguments_digest: String,
 }
 
+/// The merge patch of a decision: the decision fields `kubectl agentrun approve/reject` writes
+/// (`spec.decision`, `approverId`, `reason`, and `message` when rejecting), with the uid of the
+/// request the person was shown as a precondition (`metadata.uid`: the API server refuses the
+/// patch if the request was replaced). Every field the console writes on a decision is here.
+pub fn decision_patch(input: &DecisionInput, approver: &str, uid: &str) -> serde_json::Value {
+    let mut patch = input.merge_patch(approver);
+    patch["metadata"] = json!({ "uid": uid });
+    patch
+}
+
 /// Writes the decision on request `name` as `approver` (the person's username, as the API
 /// server authenticated it): the merge patch of `kubectl agentrun approve/reject`, with the uid
 /// of the request the person was shown as a precondition, after checking that its arguments are
@@ -307,8 +317,7 @@ pub async fn decide(
                 .to_owned(),
         });
     }
-    let mut patch = input.merge_patch(approver);
-    patch["metadata"] = json!({"uid": form.uid});
+    let patch = decision_patch(&input, approver, &form.uid);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
@@ -333,6 +342,23 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_decision_patch_is_the_plugins_with_the_uid_as_precondition() {
+        let input = DecisionInput {
+            decision: Decision::Rejected,
+            reason: "not today".into(),
+            message: Some("ask again tomorrow".into()),
+        };
+        assert_eq!(
+            decision_patch(&input, "alice@example.com", "u-1"),
+            json!({
+                "metadata": {"uid": "u-1"},
+                "spec": {"decision": "Rejected", "approverId": "alice@example.com",
+                         "reason": "not today", "message": "ask again tomorrow"},
+            })
+        );
     }
 
     #[test]

@@ -413,8 +413,9 @@ async fn events(
     let changes = futures::stream::select_all(watches).filter_map(|event| async move {
         match event {
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                // A non-empty data line: browsers drop events without data (HTML's SSE rules).
                 Some(Ok::<Event, Infallible>(
-                    Event::default().event("changed").data(""),
+                    Event::default().event("changed").data("changed"),
                 ))
             }
             _ => None,

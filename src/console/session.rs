@@ -89,8 +89,8 @@ fn to_time(duration: Duration) -> time::Duration {
 struct Login {
     token: String,
     username: String,
-    /// Seconds since the epoch.
-    since: i64,
+    /// When: milliseconds since the epoch.
+    since_ms: i64,
 }
 
 /// The server-side record of a proxy's identity: the credential's fingerprint only.
@@ -202,7 +202,6 @@ pub async fn person(
     settings: &SessionSettings,
     touch: bool,
 ) -> Result<Person, NoPerson> {
-    let now = chrono::Utc::now().timestamp();
     if let Some(credential) = proxy_credential(headers) {
         let credential = credential?;
         let fingerprint = credential.fingerprint();
@@ -238,10 +237,11 @@ pub async fn person(
     let Some(login) = session.get::<Login>(LOGIN).await.map_err(store_error)? else {
         return Err(NoPerson::LoggedOut { expired: false });
     };
-    let lifetime = i64::try_from(settings.lifetime.as_secs()).unwrap_or(i64::MAX);
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let lifetime = i64::try_from(settings.lifetime.as_millis()).unwrap_or(i64::MAX);
     let credential = Credential::bearer(&login.token);
     match credential {
-        Some(credential) if now.saturating_sub(login.since) < lifetime => {
+        Some(credential) if now_ms.saturating_sub(login.since_ms) < lifetime => {
             if touch {
                 session.set_expiry(Some(Expiry::OnInactivity(to_time(settings.idle_timeout))));
             }
@@ -285,7 +285,7 @@ pub async fn log_in(
             Login {
                 token: credential.token(),
                 username: username.clone(),
-                since: chrono::Utc::now().timestamp(),
+                since_ms: chrono::Utc::now().timestamp_millis(),
             },
         )
         .await

@@ -73,31 +73,14 @@ impl Console {
     pub async fn bind(config: ConsoleConfig) -> Result<Console, ConsoleError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let tls = config.tls.as_ref().map(acceptor).transpose()?;
-        let settings = SessionSettings {
-            idle_timeout: config.idle_timeout,
-            lifetime: config.lifetime,
-            secure: config.secure_cookies || tls.is_some(),
-        };
-        let store = session::store();
-        let state = AppState {
-            access: ApiAccess::new(config.api)?,
-            namespaces: Arc::new(config.namespaces),
-            sessions: settings,
-            store: store.clone(),
-        };
-        let hsts = tls.is_some() || config.secure_cookies;
-        let app = router(state)
-            .layer(session::layer(store, settings))
-            .layer(middleware::from_fn(move |request: Request, next: Next| {
-                respond(request, next, hsts)
-            }));
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| ConsoleError::Bind {
-                    address: config.listen,
-                    source,
-                })?;
+        let listen = config.listen;
+        let app = app(config, tls.is_some())?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ConsoleError::Bind {
+                address: listen,
+                source,
+            })?;
         Ok(Console { listener, tls, app })
     }
 
@@ -132,6 +115,29 @@ impl Console {
             } => Ok(()),
         }
     }
+}
+
+/// The console's routes behind its session middleware and security headers; `tls`: it serves
+/// HTTPS itself (the cookie is then `Secure`, as with `secure_cookies`).
+pub fn app(config: ConsoleConfig, tls: bool) -> Result<Router, ConsoleError> {
+    let secure = config.secure_cookies || tls;
+    let settings = SessionSettings {
+        idle_timeout: config.idle_timeout,
+        lifetime: config.lifetime,
+        secure,
+    };
+    let store = session::store();
+    let state = AppState {
+        access: ApiAccess::new(config.api)?,
+        namespaces: Arc::new(config.namespaces),
+        sessions: settings,
+        store: store.clone(),
+    };
+    Ok(router(state)
+        .layer(session::layer(store, settings))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            respond(request, next, secure)
+        })))
 }
 
 /// Sets the security headers on every response and logs the request.
@@ -250,5 +256,108 @@ impl axum::serve::Listener for TlsListener {
             Ok(address) => Ok(*address),
             Err(error) => Err(std::io::Error::new(error.kind(), error.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Method, StatusCode};
+    use tower::ServiceExt;
+
+    fn config(secure_cookies: bool) -> ConsoleConfig {
+        ConsoleConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            // Never reached: nothing below needs the API server.
+            api: kube::Config::new("https://127.0.0.1:9".parse().unwrap()),
+            namespaces: Vec::new(),
+            tls: None,
+            secure_cookies,
+            idle_timeout: Duration::from_secs(60),
+            lifetime: Duration::from_secs(600),
+        }
+    }
+
+    async fn call(app: &Router, method: Method, path: &str) -> Response {
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("reason=forged"))
+            .unwrap();
+        app.clone().oneshot(request).await.unwrap()
+    }
+
+    fn header_of<'a>(response: &'a Response, name: &str) -> &'a str {
+        response
+            .headers()
+            .get(name)
+            .map_or("", |v| v.to_str().unwrap())
+    }
+
+    #[tokio::test]
+    async fn over_tls_the_cookie_is_secure_host_only_http_only_and_strict() {
+        for (tls, secure_cookies) in [(true, false), (false, true)] {
+            let app = app(config(secure_cookies), tls).unwrap();
+            let login = call(&app, Method::GET, "/login").await;
+            assert_eq!(login.status(), StatusCode::OK);
+            let cookie = header_of(&login, "set-cookie");
+            assert!(cookie.starts_with("__Host-agentrun-console="), "{cookie}");
+            for attribute in ["; Secure", "; HttpOnly", "; SameSite=Strict", "; Path=/"] {
+                assert!(cookie.contains(attribute), "{attribute} in {cookie}");
+            }
+            assert!(!cookie.contains("Domain"), "{cookie}");
+            assert_eq!(
+                header_of(&login, "strict-transport-security"),
+                "max-age=31536000"
+            );
+        }
+        let app = app(config(false), false).unwrap();
+        let login = call(&app, Method::GET, "/login").await;
+        let cookie = header_of(&login, "set-cookie");
+        assert!(cookie.starts_with("agentrun-console="), "{cookie}");
+        assert!(!cookie.contains("Secure"), "{cookie}");
+        assert!(login.headers().get("strict-transport-security").is_none());
+    }
+
+    #[tokio::test]
+    async fn every_response_has_the_security_headers_and_the_assets_are_embedded() {
+        let app = app(config(false), false).unwrap();
+        for (method, path, status) in [
+            (Method::GET, "/login", StatusCode::OK),
+            (Method::GET, "/", StatusCode::SEE_OTHER),
+            (Method::GET, "/nowhere", StatusCode::NOT_FOUND),
+            (
+                Method::POST,
+                "/requests/ns/r/approve",
+                StatusCode::FORBIDDEN,
+            ),
+            (Method::GET, "/static/console.js", StatusCode::OK),
+            (Method::GET, "/healthz", StatusCode::OK),
+        ] {
+            let response = call(&app, method.clone(), path).await;
+            assert_eq!(response.status(), status, "{method} {path}");
+            assert_eq!(
+                header_of(&response, "content-security-policy"),
+                CONTENT_SECURITY_POLICY,
+                "{path}"
+            );
+            assert_eq!(header_of(&response, "x-frame-options"), "DENY");
+            assert_eq!(header_of(&response, "x-content-type-options"), "nosniff");
+            assert_eq!(header_of(&response, "referrer-policy"), "no-referrer");
+            if !path.starts_with("/static/") {
+                assert_eq!(header_of(&response, "cache-control"), "no-store", "{path}");
+            }
+        }
+        let script = call(&app, Method::GET, "/static/console.js").await;
+        assert_eq!(
+            header_of(&script, "content-type"),
+            "text/javascript; charset=utf-8"
+        );
+        let body = axum::body::to_bytes(script.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(body, super::super::assets::JS.as_bytes());
     }
 }

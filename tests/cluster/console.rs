@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentrun::console::server::CONTENT_SECURITY_POLICY;
 use agentrun::crd::keys::annotations::DECIDED_BY;
-use agentrun::crd::{AgentRunPhase, ApprovalRequest};
+use agentrun::crd::{AgentRunPhase, ApprovalRequest, Decision};
 use agentrun_testkit::browser::thirtyfour::{self, prelude::*};
 use agentrun_testkit::browser::{Browser, artifacts_dir};
 use agentrun_testkit::cluster::{ControlPlane, Identity, TestNamespace, assert_success};
@@ -518,8 +518,92 @@ async fn hostile_model_output_and_arguments_render_as_inert_text() {
         "hostile text became markup"
     );
     screenshot(driver, "request-hostile.png").await;
+
+    // The inbox updates live: bob rejects the request through the console from elsewhere (an
+    // authenticating proxy's header, his own session and CSRF token) and the row goes away on
+    // alice's open page without a reload.
+    driver.goto(console.url("/")).await.unwrap();
+    let rows = find(driver, By::Id("inbox-rows")).await;
+    assert!(rows.text().await.unwrap().contains("delete_user"));
+    js(driver, "window.notReloaded = true; return null").await;
+    wait_live(driver).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    let bob = format!("Bearer {}", cp.token(Identity::Bob));
+    let request_path = format!("/requests/{ns}/{apr}");
+    let page = send(
+        http.get(console.url(&request_path))
+            .header("authorization", &bob),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let told = "Refused: the request tells the approver what to do. Ask the user to confirm.";
+    let rejected = send(
+        http.post(console.url(&format!("{request_path}/reject")))
+            .header("authorization", &bob)
+            .header("cookie", cookie_pair(page.cookie.as_deref().unwrap()))
+            .form_body(&[
+                ("csrf", csrf_of(&page.body).as_str()),
+                ("uid", scene.requests[0].metadata.uid.as_deref().unwrap()),
+                ("digest", scene.requests[0].spec.arguments_digest.as_str()),
+                ("reason", "prompt injection in the request"),
+                ("message", told),
+            ]),
+    )
+    .await;
+    assert_eq!(rejected.status, 303, "{}", rejected.body);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = rows.text().await.unwrap_or_default();
+        if text.contains("Nothing is waiting") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the inbox did not update live: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        js(driver, "return window.notReloaded === true").await,
+        json!(true),
+        "the page was updated in place, not reloaded"
+    );
+
+    // The model was told bob's message (not his reason), the tool was never called, and the
+    // request page shows the decision with bob's stamp.
+    wait_for_phase(cp, ns, "r1", AgentRunPhase::Succeeded).await;
+    assert!(scene.tools.requests_to("/delete_user").is_empty());
+    driver.goto(console.url(&request_path)).await.unwrap();
+    assert_eq!(text_of(driver, "decision-value").await, "Rejected");
+    assert_eq!(text_of(driver, "decision-message").await, told);
+    assert_eq!(text_of(driver, "stamped-by").await, "bob@example.com");
+    let conversation = find(driver, By::Css("section.conversation"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        conversation.contains(told),
+        "the model's conversation has the rejection message:\n{conversation}"
+    );
+    assert!(!conversation.contains("prompt injection in the request"));
     browser.stop().await;
     console.stop().await;
+}
+
+/// Waits until the inbox's live-update stream is open (its `live` badge shows).
+async fn wait_live(driver: &WebDriver) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while js(driver, "return !document.getElementById('live').hidden").await != json!(true) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the live updates did not connect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The parts of a response a test checks.
@@ -715,6 +799,18 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     assert!(proxied.body.contains("bob@example.com"), "{}", proxied.body);
     assert!(proxied.body.contains(&apr), "{}", proxied.body);
 
+    // bob, through the proxy, opens the request page (his own session and CSRF token, no login).
+    let bob = cp.token(Identity::Bob);
+    let page_path = format!("/requests/{ns}/{apr}");
+    let bobs_page = send(
+        http.get(console.url(&page_path))
+            .header("authorization", format!("Bearer {bob}")),
+    )
+    .await;
+    assert_eq!(bobs_page.status, 200, "{}", bobs_page.body);
+    let bobs_session = cookie_pair(&bobs_page.cookie.expect("bob's session cookie"));
+    let bobs_csrf = csrf_of(&bobs_page.body);
+
     // The same form with the session's token is accepted: the token was the only difference.
     let accepted = send(
         http.post(&approve)
@@ -724,6 +820,39 @@ async fn state_changes_without_the_csrf_token_are_refused() {
     .await;
     assert_eq!(accepted.status, 303, "{}", accepted.body);
     let decided = admin_request(cp, ns, &apr).await;
+    assert_eq!(
+        decided.spec.approver_id.as_deref(),
+        Some("alice@example.com")
+    );
+
+    // bob's rejection from the page he opened before alice decided: the API server refuses it
+    // (a decision is final) and the page shows the server's own message.
+    let late = send(
+        http.post(console.url(&format!("{page_path}/reject")))
+            .header("authorization", format!("Bearer {bob}"))
+            .header("cookie", &bobs_session)
+            .form_body(&[
+                ("csrf", bobs_csrf.as_str()),
+                ("uid", uid.as_str()),
+                ("digest", digest.as_str()),
+                ("reason", "too late"),
+                ("message", "do not delete the user"),
+            ]),
+    )
+    .await;
+    assert!(
+        (400..500).contains(&late.status),
+        "{}: {}",
+        late.status,
+        late.body
+    );
+    assert!(
+        late.body.contains("id=\"error-message\"") && late.body.contains("a decision is final"),
+        "the API server's refusal is on the page:\n{}",
+        late.body
+    );
+    let decided = admin_request(cp, ns, &apr).await;
+    assert_eq!(decided.spec.decision, Some(Decision::Approved));
     assert_eq!(
         decided.spec.approver_id.as_deref(),
         Some("alice@example.com")
@@ -752,4 +881,257 @@ async fn state_changes_without_the_csrf_token_are_refused() {
         "the old session is gone"
     );
     console.stop().await;
+}
+
+/// Logs in over HTTP with `token`: returns the logged-in session's `Cookie` value.
+async fn http_log_in(http: &reqwest::Client, base: &str, token: &str) -> String {
+    let login = send(http.get(format!("{base}/login"))).await;
+    assert_eq!(login.status, 200, "{}", login.body);
+    let anonymous = cookie_pair(&login.cookie.expect("a session cookie"));
+    let logged_in = send(
+        http.post(format!("{base}/login"))
+            .header("cookie", &anonymous)
+            .form_body(&[("csrf", csrf_of(&login.body).as_str()), ("token", token)]),
+    )
+    .await;
+    assert_eq!(logged_in.status, 303, "{}", logged_in.body);
+    cookie_pair(&logged_in.cookie.expect("the logged-in session's cookie"))
+}
+
+/// Waits until alice can list ApprovalRequests in `ns` (the API server
+/// serves new CRDs a moment after it says they are established).
+async fn wait_listable(cp: &ControlPlane, ns: &str) {
+    let api: Api<ApprovalRequest> = Api::namespaced(cp.client(Identity::Alice).await, ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while let Err(error) = api.list(&Default::default()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "alice cannot list approvalrequests in {ns}: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_sessions_and_their_csrf_tokens_are_refused() {
+    let cp = ControlPlane::shared().await;
+    cp.install_crds().await;
+    let ns = cp.namespace("console-expiry").await;
+    grant(cp, &ns.name);
+    wait_listable(cp, &ns.name).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    let alice = cp.token(Identity::Alice);
+    let approve = format!("/requests/{}/any-request/approve", ns.name);
+
+    // A stolen or forgotten cookie is replayed after the session's end, with the CSRF token its
+    // pages carried: the console no longer knows the session, sends the page to the login and
+    // refuses the decision before anything reaches the API server.
+    for (what, idle, lifetime, login_location) in [
+        (
+            "idle timeout",
+            Duration::from_secs(2),
+            Duration::from_secs(3600),
+            "/login",
+        ),
+        (
+            "lifetime",
+            Duration::from_secs(3600),
+            Duration::from_secs(3),
+            "/login?expired=1",
+        ),
+    ] {
+        let console = ConsoleServer::start_with(cp, &[&ns.name], idle, lifetime).await;
+        let session = http_log_in(&http, &console.url, &alice).await;
+        let inbox = send(http.get(console.url("/")).header("cookie", &session)).await;
+        assert_eq!(inbox.status, 200, "{what}: {}", inbox.body);
+        let csrf = csrf_of(&inbox.body);
+        if what == "lifetime" {
+            // Activity does not extend the lifetime: another page a second later.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let again = send(http.get(console.url("/")).header("cookie", &session)).await;
+            assert_eq!(again.status, 200, "{what}: {}", again.body);
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let page = send(http.get(console.url("/")).header("cookie", &session)).await;
+        assert_eq!(
+            (page.status, page.location.as_deref()),
+            (303, Some(login_location)),
+            "{what}: the ended session opens no page"
+        );
+        let background = send(
+            http.get(console.url("/inbox/rows"))
+                .header("cookie", &session),
+        )
+        .await;
+        assert_eq!(background.status, 401, "{what}: {}", background.body);
+        let replay = send(
+            http.post(console.url(&approve))
+                .header("cookie", &session)
+                .form_body(&[("csrf", csrf.as_str()), ("reason", "replayed")]),
+        )
+        .await;
+        assert_eq!(replay.status, 403, "{what}: {}", replay.body);
+        assert!(
+            replay.body.contains("security token"),
+            "{what}: {}",
+            replay.body
+        );
+        if what == "lifetime" {
+            let login = send(http.get(console.url("/login?expired=1"))).await;
+            assert!(
+                login.body.contains("Your session has expired"),
+                "{}",
+                login.body
+            );
+        }
+        console.stop().await;
+    }
+}
+
+/// `agentrun console` as a process (the command the chart runs), its log at debug level.
+struct ConsoleProcess {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    url: String,
+}
+
+impl ConsoleProcess {
+    fn start(cp: &ControlPlane, ns: &str) -> ConsoleProcess {
+        let port = agentrun_testkit::wait::free_port()
+            .expect("a free port")
+            .port();
+        let log = std::env::temp_dir().join(format!(
+            "agentrun-console-{}-{port}.log",
+            std::process::id()
+        ));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_agentrun"))
+            .args(["console", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig(Identity::Admin))
+            .args(["--namespace", ns, "--log-format", "json"])
+            .env("RUST_LOG", "debug")
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("the console's log file"))
+            .spawn()
+            .expect("start agentrun console");
+        ConsoleProcess {
+            child,
+            log,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Stops it (SIGTERM, as Kubernetes does) and returns its log.
+    fn stop(mut self) -> String {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.log);
+        log
+    }
+}
+
+impl Drop for ConsoleProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_process_logs_no_credential() {
+    let cp = ControlPlane::shared().await;
+    cp.install_crds().await;
+    let ns = cp.namespace("console-log").await;
+    grant(cp, &ns.name);
+    wait_listable(cp, &ns.name).await;
+    let console = ConsoleProcess::start(cp, &ns.name);
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{}/healthz", console.url))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the console did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A login, a page as alice, a page through an authenticating proxy as bob, a refused login
+    // and a refused proxy credential: the log says who did what, never with which credential.
+    let alice = cp.token(Identity::Alice);
+    let bob = cp.token(Identity::Bob);
+    let wrong = "not-a-token-3f9c1d2e7b";
+    let session = http_log_in(&http, &console.url, &alice).await;
+    let inbox = send(
+        http.get(format!("{}/?namespaces={}", console.url, ns.name))
+            .header("cookie", &session),
+    )
+    .await;
+    assert_eq!(inbox.status, 200, "{}", inbox.body);
+    assert!(inbox.body.contains("alice@example.com"), "{}", inbox.body);
+    let proxied = send(
+        http.get(format!("{}/", console.url))
+            .header("authorization", format!("Bearer {bob}")),
+    )
+    .await;
+    assert_eq!(proxied.status, 200, "{}", proxied.body);
+    let login = send(http.get(format!("{}/login", console.url))).await;
+    let refused = send(
+        http.post(format!("{}/login", console.url))
+            .header("cookie", cookie_pair(login.cookie.as_deref().unwrap()))
+            .form_body(&[("csrf", csrf_of(&login.body).as_str()), ("token", wrong)]),
+    )
+    .await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert!(!refused.body.contains(wrong), "{}", refused.body);
+    let rogue = send(
+        http.get(format!("{}/", console.url))
+            .header("authorization", format!("Bearer {wrong}")),
+    )
+    .await;
+    assert_eq!(rogue.status, 401, "{}", rogue.body);
+
+    let log = console.stop();
+    assert!(
+        log.contains("logged in") && log.contains("alice@example.com"),
+        "the log was captured:\n{log}"
+    );
+    let admin = cp.token(Identity::Admin);
+    for (whose, token) in [
+        ("alice's", alice.as_str()),
+        ("bob's", bob.as_str()),
+        ("a wrong", wrong),
+        ("the kubeconfig's", admin.as_str()),
+    ] {
+        assert!(!log.contains(token), "{whose} token is in the log:\n{log}");
+    }
+    let session_id = session.split_once('=').unwrap().1;
+    assert!(
+        !log.contains(session_id),
+        "the session id is in the log:\n{log}"
+    );
 }

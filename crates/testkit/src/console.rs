@@ -19,8 +19,26 @@ pub struct ConsoleServer {
 }
 
 impl ConsoleServer {
-    /// Starts a console whose inbox looks in `namespaces` (for people who may not list all).
+    /// Starts a console whose inbox looks in `namespaces` (for people who may not list all), with
+    /// the default session timeouts (30 minutes idle, 8 hours in all).
     pub async fn start(cp: &ControlPlane, namespaces: &[&str]) -> ConsoleServer {
+        Self::start_with(
+            cp,
+            namespaces,
+            Duration::from_secs(30 * 60),
+            Duration::from_secs(8 * 3600),
+        )
+        .await
+    }
+
+    /// Starts a console whose sessions end after `idle_timeout` without a page view, or
+    /// `lifetime` after login.
+    pub async fn start_with(
+        cp: &ControlPlane,
+        namespaces: &[&str],
+        idle_timeout: Duration,
+        lifetime: Duration,
+    ) -> ConsoleServer {
         let api = ApiServer::Kubeconfig {
             path: Some(cp.kubeconfig(Identity::Admin)),
             context: None,
@@ -34,8 +52,8 @@ impl ConsoleServer {
             namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
             tls: None,
             secure_cookies: false,
-            idle_timeout: Duration::from_secs(30 * 60),
-            lifetime: Duration::from_secs(8 * 3600),
+            idle_timeout,
+            lifetime,
         };
         let console = Console::bind(config).await.expect("bind the console");
         let url = format!("http://{}", console.local_addr().expect("its address"));

@@ -991,7 +991,8 @@ async fn expired_sessions_and_their_csrf_tokens_are_refused() {
     }
 }
 
-/// `agentrun console` as a process (the command the chart runs), its log at debug level.
+/// `agentrun console` as a process (the command the chart runs) serving HTTPS with the control
+/// plane's serving certificate (valid for 127.0.0.1), its log at debug level.
 struct ConsoleProcess {
     child: std::process::Child,
     log: std::path::PathBuf,
@@ -1012,6 +1013,10 @@ impl ConsoleProcess {
             .arg("--kubeconfig")
             .arg(cp.kubeconfig(Identity::Admin))
             .args(["--namespace", ns, "--log-format", "json"])
+            .arg("--tls-cert")
+            .arg(cp.dir().join("pki/apiserver.crt"))
+            .arg("--tls-key")
+            .arg(cp.dir().join("pki/apiserver.key"))
             .env("RUST_LOG", "debug")
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())
@@ -1022,7 +1027,7 @@ impl ConsoleProcess {
         ConsoleProcess {
             child,
             log,
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("https://127.0.0.1:{port}"),
         }
     }
 
@@ -1055,17 +1060,19 @@ impl Drop for ConsoleProcess {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_process_logs_no_credential() {
+async fn the_console_process_serves_https_and_logs_no_credential() {
     let cp = ControlPlane::shared().await;
     cp.install_crds().await;
     let ns = cp.namespace("console-log").await;
     grant(cp, &ns.name);
     wait_listable(cp, &ns.name).await;
     let console = ConsoleProcess::start(cp, &ns.name);
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        .tls_certs_only([reqwest::Certificate::from_pem(&cp.ca_pem()).expect("the CA")])
         .build()
-        .expect("an HTTP client");
+        .expect("an HTTPS client");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while http
         .get(format!("{}/healthz", console.url))
@@ -1085,6 +1092,16 @@ async fn the_console_process_logs_no_credential() {
     let alice = cp.token(Identity::Alice);
     let bob = cp.token(Identity::Bob);
     let wrong = "not-a-token-3f9c1d2e7b";
+    let login = send(http.get(format!("{}/login", console.url))).await;
+    let set_cookie = login.cookie.as_deref().unwrap_or_default();
+    for attribute in [
+        "__Host-agentrun-console=",
+        "Secure",
+        "HttpOnly",
+        "SameSite=Strict",
+    ] {
+        assert!(set_cookie.contains(attribute), "{attribute}: {set_cookie}");
+    }
     let session = http_log_in(&http, &console.url, &alice).await;
     let inbox = send(
         http.get(format!("{}/?namespaces={}", console.url, ns.name))

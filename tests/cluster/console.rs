@@ -38,11 +38,11 @@ subjects:
     cp.apply(Identity::Admin, &format!("{approvers}---\n{edit}"));
 }
 
-/// Creates a run as carol, retried while the admission policies settle after `crds/` went in.
-async fn create_run(cp: &ControlPlane, yaml: &str) {
+/// Creates a run as `creator`, retried while the admission policies settle after `crds/` went in.
+async fn create_run(cp: &ControlPlane, creator: Identity, yaml: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let out = cp.kubectl_with_stdin(Identity::Carol, &["apply", "-f", "-"], Some(yaml));
+        let out = cp.kubectl_with_stdin(creator, &["apply", "-f", "-"], Some(yaml));
         if out.status.success() || tokio::time::Instant::now() > deadline {
             assert_success(&out, "create the run");
             return;
@@ -62,16 +62,47 @@ struct Scene {
 }
 
 async fn scene(prefix: &str, turns: Value, input: &str) -> Scene {
+    scene_with(prefix, turns, input, Identity::Carol, None).await
+}
+
+/// [`scene`] with the run created by `creator` (who is then also given the built-in `edit` role)
+/// and, with `approval_timeout`, a deadline on `delete_user`'s approvals.
+async fn scene_with(
+    prefix: &str,
+    turns: Value,
+    input: &str,
+    creator: Identity,
+    approval_timeout: Option<&str>,
+) -> Scene {
     let cp = ControlPlane::shared().await;
     let ns = cp.namespace(prefix).await;
     let operator = start_operator(cp, &ns).await;
     grant(cp, &ns.name);
+    if creator != Identity::Carol {
+        cp.apply(
+            Identity::Admin,
+            &format!(
+                r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: creator, namespace: {}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: {}}}
+"#,
+                ns.name,
+                creator.username()
+            ),
+        );
+    }
     let tools = ToolServer::start().await;
-    cp.apply(
-        Identity::Admin,
-        &agent_yaml(&ns.name, "ops", scripted_model(turns), &tools),
-    );
-    create_run(cp, &run_yaml(&ns.name, "r1", "ops", input)).await;
+    let mut agent: Value =
+        serde_json::from_str(&agent_yaml(&ns.name, "ops", scripted_model(turns), &tools))
+            .expect("the Agent manifest");
+    if let Some(timeout) = approval_timeout {
+        agent["spec"]["tools"][0]["approvalTimeout"] = json!(timeout);
+    }
+    cp.apply(Identity::Admin, &agent.to_string());
+    create_run(cp, creator, &run_yaml(&ns.name, "r1", "ops", input)).await;
     wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::AwaitingApproval).await;
     let requests = requests_of(cp, &ns.name, "r1").await;
     Scene {
@@ -1151,4 +1182,95 @@ async fn the_console_process_serves_https_and_logs_no_credential() {
         !log.contains(session_id),
         "the session id is in the log:\n{log}"
     );
+}
+
+/// The text of the element with `id` in an HTML page (up to the next tag).
+fn element_text(body: &str, id: &str) -> String {
+    let marker = format!("id=\"{id}\">");
+    let start = body
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no element {id} in:\n{body}"))
+        + marker.len();
+    body[start..start + body[start..].find('<').unwrap()].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_approvals_and_decisions_on_expired_requests_show_the_api_servers_refusal() {
+    let turns = json!([
+        {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": "u-1"}}]},
+        {"content": "Nobody approved in time."}
+    ]);
+    // bob, an approver, also created this run (he holds `edit` here); its approvals time out.
+    let scene = scene_with(
+        "console-late",
+        turns,
+        "Delete user u-1",
+        Identity::Bob,
+        Some("8s"),
+    )
+    .await;
+    let (cp, ns) = (scene.cp, scene.ns.name.as_str());
+    let apr = scene.requests[0].metadata.name.clone().expect("a name");
+    let uid = scene.requests[0].metadata.uid.clone().expect("a uid");
+    let digest = scene.requests[0].spec.arguments_digest.clone();
+    let console = ConsoleServer::start(cp, &[ns]).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    let page_path = format!("/requests/{ns}/{apr}");
+    let approve = |who: &str, session: &str, csrf: &str| {
+        let mut request = http
+            .post(console.url(&format!("{page_path}/approve")))
+            .header("cookie", session);
+        if !who.is_empty() {
+            request = request.header("authorization", format!("Bearer {who}"));
+        }
+        request.form_body(&[
+            ("csrf", csrf),
+            ("uid", uid.as_str()),
+            ("digest", digest.as_str()),
+            ("reason", "looks fine"),
+        ])
+    };
+
+    // Separation of duties: bob may approve in this namespace, but not his own run's requests.
+    let bob = cp.token(Identity::Bob);
+    let page = send(
+        http.get(console.url(&page_path))
+            .header("authorization", format!("Bearer {bob}")),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let refused = send(approve(
+        &bob,
+        &cookie_pair(page.cookie.as_deref().unwrap()),
+        &csrf_of(&page.body),
+    ))
+    .await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    let message = element_text(&refused.body, "error-message");
+    assert!(
+        message.contains("separation of duties: bob@example.com created this run"),
+        "{message}"
+    );
+
+    // alice opens the page in time, but the request expires before she approves: the API
+    // server refuses the late decision and the page shows its message (and no form any more).
+    let session = http_log_in(&http, &console.url, &cp.token(Identity::Alice)).await;
+    let page = send(http.get(console.url(&page_path)).header("cookie", &session)).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let csrf = csrf_of(&page.body);
+    wait_for_phase(cp, ns, "r1", AgentRunPhase::Succeeded).await;
+    assert!(scene.tools.requests_to("/delete_user").is_empty());
+    let late = send(approve("", &session, &csrf)).await;
+    assert!((400..500).contains(&late.status), "{}", late.body);
+    let message = element_text(&late.body, "error-message");
+    assert!(
+        message.contains("Expired") && message.contains("it can no longer be decided"),
+        "{message}"
+    );
+    assert!(!late.body.contains("id=\"approve\""), "{}", late.body);
+    assert_eq!(admin_request(cp, ns, &apr).await.spec.decision, None);
+    console.stop().await;
 }

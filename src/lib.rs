@@ -6,6 +6,7 @@ pub mod approval_policy;
 pub mod assertion;
 pub mod chunk_store;
 pub mod cli;
+pub mod console;
 pub mod controller;
 pub mod crd;
 pub mod notify;

@@ -28,6 +28,8 @@ enum Command {
     Controller(Box<agentrun::cli::operator::ControllerArgs>),
     /// Run one step of an AgentRun (the command of worker Pods).
     Worker(agentrun::cli::operator::WorkerArgs),
+    /// Serve the approval console: a web UI where people decide as themselves.
+    Console(Box<agentrun::cli::console::ConsoleArgs>),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +40,6 @@ fn main() -> ExitCode {
         Command::Crdgen(args) => agentrun::cli::crdgen::main(args),
         Command::Controller(args) => agentrun::cli::operator::controller(*args),
         Command::Worker(args) => agentrun::cli::operator::worker(args),
+        Command::Console(args) => agentrun::cli::console::main(*args),
     }
 }

@@ -983,6 +983,120 @@ async fn helm_template_passes_a_server_side_dry_run() {
     }
 }
 
+/// The approval console: absent by default; with `console.enabled` a Deployment, a Service and a
+/// ServiceAccount whose token is not mounted and to which no role of the chart is bound (it acts
+/// only with its users' credentials), passing Pod Security "restricted" in a server-side dry run.
+#[tokio::test]
+async fn the_console_renders_when_enabled_with_no_rights_of_its_own() {
+    let cp = ControlPlane::shared().await;
+    install_crds(cp);
+    let ns = cp.namespace("chart-console").await;
+    label_restricted(cp, &ns.name);
+    let release = release_name("console");
+    let off = documents(&template(cp, &release, &ns.name, &[]));
+    assert!(
+        off.iter()
+            .all(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] != "console"),
+        "the console is off by default"
+    );
+    let values = strings(&[
+        "console.enabled=true",
+        "console.namespaces[0]=team-a",
+        "console.tlsSecretName=console-tls",
+        "approvers.groups[0]=agentrun:approvers",
+    ]);
+    let rendered = template(cp, &release, &ns.name, &values);
+    let docs = documents(&rendered);
+    let name = format!("{release}-console");
+    let console: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "console")
+        .collect();
+    let kinds: BTreeSet<&str> = console.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["Deployment", "Service", "ServiceAccount"])
+    );
+    let account = console
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .unwrap();
+    assert_eq!(account["metadata"]["name"], name.as_str());
+    assert_eq!(account["automountServiceAccountToken"], false);
+    for binding in of_kind(&docs, "RoleBinding")
+        .into_iter()
+        .chain(of_kind(&docs, "ClusterRoleBinding"))
+    {
+        let subjects = binding["subjects"].as_array().cloned().unwrap_or_default();
+        assert!(
+            subjects.iter().all(|s| s["name"] != name.as_str()),
+            "a role is bound to the console: {binding}"
+        );
+    }
+    let deployment = console.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], name.as_str());
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        args[..3],
+        ["console", "--listen", "0.0.0.0:8090"],
+        "{args:?}"
+    );
+    for expected in [
+        ["--api-ca-file", "/etc/agentrun/api-ca/ca.crt"],
+        ["--namespace", "team-a"],
+        ["--tls-cert", "/etc/agentrun/tls/tls.crt"],
+        ["--tls-key", "/etc/agentrun/tls/tls.key"],
+    ] {
+        assert!(
+            args.windows(2).any(|w| w == expected),
+            "{expected:?} in {args:?}"
+        );
+    }
+    assert!(args.contains(&"--secure-cookies"), "{args:?}");
+    assert_eq!(container["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], "kube-root-ca.crt");
+    let service = console.iter().find(|d| d["kind"] == "Service").unwrap();
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/component"],
+        "console"
+    );
+    let controller = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] != name.as_str())
+        .expect("the controller's Deployment");
+    assert_eq!(
+        controller["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"], "controller",
+        "the controller's selector does not take the console's Pods"
+    );
+    let out = cp.kubectl_with_stdin(
+        Identity::Admin,
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&rendered),
+    );
+    assert_success(
+        &out,
+        "kubectl apply --dry-run=server of the chart with the console",
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!("deployment.apps/{name} created (server dry run)")),
+        "{stdout}"
+    );
+    assert!(
+        !text(&out.stderr).contains("violate PodSecurity"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_into_a_restricted_namespace_creates_everything() {
     let cp = ControlPlane::shared().await;

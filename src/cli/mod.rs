@@ -1,5 +1,6 @@
 //! The subcommands of the `agentrun` binary. Each returns the process exit code.
 
+pub mod console;
 pub mod crdgen;
 pub mod operator;
 pub mod run;

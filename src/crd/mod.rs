@@ -552,7 +552,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("nested/crds");
         let paths = write_crds(&out).unwrap();
-        assert_eq!(paths.len(), 8);
+        assert_eq!(
+            paths.len(),
+            9,
+            "seven CRDs, the admission policies and the roles"
+        );
         for generated in generate().unwrap() {
             let text = std::fs::read_to_string(out.join(generated.file_name)).unwrap();
             assert_eq!(text, generated.yaml);

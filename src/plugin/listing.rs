@@ -88,6 +88,7 @@ pub fn run_rows(runs: &[AgentRun]) -> Vec<RunRow> {
 /// True when a request waits for a decision: none is set and the controller has not closed it.
 pub fn is_pending(request: &ApprovalRequest) -> bool {
     request.spec.decision.is_none()
+        && request.spec.policy_decision().is_none()
         && request
             .status
             .as_ref()

@@ -10,6 +10,7 @@
 mod approval_assertions;
 mod approval_policy;
 mod attacks;
+mod console;
 mod control_plane;
 mod controller_ha;
 mod kubectl_plugin;

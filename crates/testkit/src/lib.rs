@@ -10,10 +10,14 @@
 //! - [`notification_receiver`]: a receiver of the controller's signed CloudEvents;
 //! - [`runs`]: Agent and AgentRun manifests, waiting for a run's phase, its ApprovalRequests;
 //! - [`namespaces`]: namespaces and service-account tokens, with errors returned;
-//! - [`wait`]: bounded waits and free ports; [`cluster_env`]: a cluster folder's settings.
+//! - [`wait`]: bounded waits and free ports; [`cluster_env`]: a cluster folder's settings;
+//! - [`browser`]: a real headless Chromium under chromedriver; [`console`]: `agentrun console`
+//!   in-process.
 
+pub mod browser;
 pub mod cluster;
 pub mod cluster_env;
+pub mod console;
 pub mod mcp_servers;
 pub mod model_server;
 pub mod namespaces;

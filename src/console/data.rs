@@ -312,7 +312,7 @@ pub async fn decide(
     };
     input.validate().map_err(|e| ApiFailure {
         action: action.clone(),
-        code: None,
+        code: Some(422),
         message: e.to_string().replace("invalid --", "invalid "),
     })?;
     let api: Api<ApprovalRequest> = Api::namespaced(client.clone(), namespace);

@@ -22,6 +22,8 @@ use agentrun_testkit::tool_server::ToolServer;
 use kube::api::Api;
 use serde_json::{Value, json};
 
+use crate::policy_decisions::TestPolicy;
+
 /// alice and bob approve (read runs, read and patch ApprovalRequests); carol holds the built-in
 /// `edit` role: she creates runs and reads their ApprovalRequests, but may not decide.
 fn grant(cp: &ControlPlane, ns: &str) {
@@ -1272,5 +1274,178 @@ async fn self_approvals_and_decisions_on_expired_requests_show_the_api_servers_r
     );
     assert!(!late.body.contains("id=\"approve\""), "{}", late.body);
     assert_eq!(admin_request(cp, ns, &apr).await.spec.decision, None);
+    console.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_votes_and_edited_arguments_are_decided_through_the_console() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("console-quorum").await;
+    let _operator = start_operator(cp, &ns).await;
+    let ns = ns.name.as_str();
+    grant(cp, ns);
+    // Deleting u-1 needs two approvers (an ApprovalPolicy); deleting u-5 only the Agent's one.
+    let _policy = TestPolicy::apply(
+        cp,
+        ns,
+        "p",
+        r#"[{name: two, tools: [delete_user], when: "args.user_id == 'u-1'", action: Require, requiredApprovals: 2}]"#,
+    )
+    .await;
+    let tools = ToolServer::start().await;
+    for (agent, user) in [("quorum", "u-1"), ("single", "u-5")] {
+        let model = scripted_model(json!([
+            {"toolCalls": [{"id": "call_1", "name": "delete_user", "arguments": {"user_id": user}}]},
+            {"content": "Done."}
+        ]));
+        cp.apply(Identity::Admin, &agent_yaml(ns, agent, model, &tools));
+        create_run(
+            cp,
+            Identity::Carol,
+            &run_yaml(ns, agent, agent, "Delete the user"),
+        )
+        .await;
+    }
+    wait_for_phase(cp, ns, "quorum", AgentRunPhase::AwaitingApproval).await;
+    wait_for_phase(cp, ns, "single", AgentRunPhase::AwaitingApproval).await;
+    let quorum = requests_of(cp, ns, "quorum").await.remove(0);
+    let single = requests_of(cp, ns, "single").await.remove(0);
+    assert_eq!(quorum.spec.required_approvals, Some(2));
+
+    let console = ConsoleServer::start(cp, &[ns]).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client");
+    let alice = http_log_in(&http, &console.url, &cp.token(Identity::Alice)).await;
+    let bob = http_log_in(&http, &console.url, &cp.token(Identity::Bob)).await;
+    let page_of = |request: &ApprovalRequest| {
+        format!(
+            "/requests/{ns}/{}",
+            request.metadata.name.as_deref().expect("a name")
+        )
+    };
+    let decide = |session: &str, request: &ApprovalRequest, csrf: &str, extra: &[(&str, &str)]| {
+        let mut fields = vec![
+            ("csrf", csrf.to_owned()),
+            ("uid", request.metadata.uid.clone().expect("a uid")),
+            ("digest", request.spec.arguments_digest.clone()),
+            ("reason", "checked with the owner".to_owned()),
+        ];
+        fields.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        http.post(console.url(&format!("{}/approve", page_of(request))))
+            .header("cookie", session)
+            .form_body(&fields)
+    };
+
+    // The quorum request shows the policy's rule and its progress, and offers no edit.
+    let page = send(
+        http.get(console.url(&page_of(&quorum)))
+            .header("cookie", &alice),
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let rule = element_text(&page.body, "rule");
+    assert!(
+        rule.contains(&format!(
+            "ApprovalPolicy {ns}-p, rule two: Require, 2 distinct approvals"
+        )),
+        "{rule}"
+    );
+    assert_eq!(element_text(&page.body, "quorum"), "0 of 2 approvals");
+    assert!(
+        !page.body.contains("id=\"approve-edited\""),
+        "{}",
+        page.body
+    );
+
+    // alice's approval is her vote; the call waits for a second person.
+    let voted = send(decide(&alice, &quorum, &csrf_of(&page.body), &[])).await;
+    assert_eq!(voted.status, 303, "{}", voted.body);
+    let request = admin_request(cp, ns, quorum.metadata.name.as_deref().unwrap()).await;
+    assert_eq!(request.spec.decision, None);
+    assert_eq!(
+        request
+            .spec
+            .votes
+            .get("alice@example.com")
+            .map(|v| v.decision),
+        Some(Decision::Approved)
+    );
+    let inbox = send(http.get(console.url("/")).header("cookie", &alice)).await;
+    assert!(inbox.body.contains("<td>1/2</td>"), "{}", inbox.body);
+    let page = send(
+        http.get(console.url(&page_of(&quorum)))
+            .header("cookie", &alice),
+    )
+    .await;
+    assert_eq!(element_text(&page.body, "quorum"), "1 of 2 approvals");
+    let again = send(decide(&alice, &quorum, &csrf_of(&page.body), &[])).await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(
+        element_text(&again.body, "error-message").contains("you already voted"),
+        "{}",
+        again.body
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        tools.requests_to("/delete_user").is_empty(),
+        "one vote ran the call"
+    );
+
+    // bob's vote completes the quorum: the call runs once, approved by both.
+    let page = send(
+        http.get(console.url(&page_of(&quorum)))
+            .header("cookie", &bob),
+    )
+    .await;
+    let voted = send(decide(&bob, &quorum, &csrf_of(&page.body), &[])).await;
+    assert_eq!(voted.status, 303, "{}", voted.body);
+    wait_for_phase(cp, ns, "quorum", AgentRunPhase::Succeeded).await;
+
+    // On a request one person decides, alice approves edited arguments: the tool receives them.
+    let page = send(
+        http.get(console.url(&page_of(&single)))
+            .header("cookie", &alice),
+    )
+    .await;
+    assert!(page.body.contains("id=\"approve-edited\""), "{}", page.body);
+    let csrf = csrf_of(&page.body);
+    let not_json = send(decide(
+        &alice,
+        &single,
+        &csrf,
+        &[("edited_arguments", "u-2")],
+    ))
+    .await;
+    assert_eq!(not_json.status, 422, "{}", not_json.body);
+    let edited = send(decide(
+        &alice,
+        &single,
+        &csrf,
+        &[("edited_arguments", r#"{"user_id": "u-2"}"#)],
+    ))
+    .await;
+    assert_eq!(edited.status, 303, "{}", edited.body);
+    wait_for_phase(cp, ns, "single", AgentRunPhase::Succeeded).await;
+    let request = admin_request(cp, ns, single.metadata.name.as_deref().unwrap()).await;
+    assert_eq!(
+        request.spec.approver_id.as_deref(),
+        Some("alice@example.com")
+    );
+    assert_eq!(
+        request.status.and_then(|s| s.edited_arguments_digest),
+        Some(agentrun::crd::arguments_digest(r#"{"user_id": "u-2"}"#))
+    );
+    let sent: Vec<String> = tools
+        .requests_to("/delete_user")
+        .into_iter()
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(
+        sent[0].contains("u-1") && sent[1].contains("u-2"),
+        "{sent:?}"
+    );
     console.stop().await;
 }

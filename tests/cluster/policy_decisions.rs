@@ -49,14 +49,19 @@ subjects:
 }
 
 /// The cluster-scoped ApprovalPolicy `name` selecting only `ns`; deleted when dropped.
-struct TestPolicy {
+pub(crate) struct TestPolicy {
     cp: &'static ControlPlane,
     name: String,
 }
 
 impl TestPolicy {
     /// Applies the policy with `rules` (YAML flow sequence) and waits for its Ready condition.
-    async fn apply(cp: &'static ControlPlane, ns: &str, name: &str, rules: &str) -> TestPolicy {
+    pub(crate) async fn apply(
+        cp: &'static ControlPlane,
+        ns: &str,
+        name: &str,
+        rules: &str,
+    ) -> TestPolicy {
         let name = format!("{ns}-{name}");
         cp.apply(Identity::Admin, &policy_yaml(&name, ns, rules));
         let policy = TestPolicy { cp, name };

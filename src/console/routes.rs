@@ -32,7 +32,7 @@ use serde::Deserialize;
 use tower_sessions::Session;
 use tower_sessions_moka_store::MokaStore;
 
-use super::access::ApiAccess;
+use super::access::{ApiAccess, ApiFailure};
 use super::csrf::{self, CsrfRefusal};
 use super::data::{self, DecisionForm, Scope};
 use super::session::{self, NoPerson, Person, SessionSettings, Via};
@@ -305,6 +305,17 @@ fn namespaces(state: &AppState, query: &NamespacesQuery) -> Vec<String> {
     names
 }
 
+/// The person's inbox: the pending requests of the namespaces they may read.
+async fn read_inbox(
+    state: &AppState,
+    person: &Person,
+    query: &NamespacesQuery,
+) -> Result<data::Inbox, ApiFailure> {
+    let client = state.access.client(&person.credential);
+    let scope = data::scope(&client, &namespaces(state, query)).await?;
+    data::inbox(&client, &scope).await
+}
+
 async fn inbox(
     State(state): State<AppState>,
     session: Session,
@@ -315,12 +326,7 @@ async fn inbox(
         Ok(p) => p,
         Err(response) => return response,
     };
-    let client = state.access.client(&person.credential);
-    let found = match data::scope(&client, &namespaces(&state, &query)).await {
-        Ok(scope) => data::inbox(&client, &scope).await,
-        Err(failure) => Err(failure),
-    };
-    let inbox = match found {
+    let inbox = match read_inbox(&state, &person, &query).await {
         Ok(inbox) => inbox,
         Err(failure) => {
             return error_page(
@@ -358,12 +364,7 @@ async fn inbox_rows(
         Ok(p) => p,
         Err(response) => return response,
     };
-    let client = state.access.client(&person.credential);
-    let found = match data::scope(&client, &namespaces(&state, &query)).await {
-        Ok(scope) => data::inbox(&client, &scope).await,
-        Err(failure) => Err(failure),
-    };
-    match found {
+    match read_inbox(&state, &person, &query).await {
         Ok(inbox) => html(
             StatusCode::OK,
             &views::rows(&inbox.rows, chrono::Utc::now()),

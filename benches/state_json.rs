@@ -110,7 +110,7 @@ fn sentence(rng: &mut Lcg, words: usize) -> String {
 }
 
 fn args(rng: &mut Lcg, depth: u32) -> Value {
-    let mut d = pyjson::Dict::new();
+    let mut d = pyjson::Dict::default();
     d.insert(
         "user_id".into(),
         Value::from(format!("u-{}", rng.below(100_000))),

@@ -235,8 +235,7 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let mut start = 0;
     loop {
-        let i = scan_ascii_plain(bytes, start);
-        out.extend_from_slice(&bytes[start..i]);
+        let i = copy_ascii_plain(bytes, start, out);
         let Some(&byte) = bytes.get(i) else {
             break;
         };
@@ -264,20 +263,23 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// The first index from `i` of a byte that `ensure_ascii` escapes (`"`, `\`, controls, DEL,
-/// non-ASCII), or the end. Eight bytes at a time.
+/// non-ASCII), or the end; the bytes before it are appended to `out`. Eight bytes at a time, each
+/// word copied whole (a fixed-size copy rather than a call to `memcpy` per short run), the last one
+/// cut back to the run's end.
 #[inline]
-fn scan_ascii_plain(b: &[u8], mut i: usize) -> usize {
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
+fn copy_ascii_plain(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
+    while let Some(Ok(word)) = b.get(i..i + 8).map(<[u8; 8]>::try_from) {
         let w = u64::from_le_bytes(word);
         let hits = zero_bytes(w ^ (ONES * u64::from(b'"')))
             | zero_bytes(w ^ (ONES * u64::from(b'\\')))
             | zero_bytes(w ^ (ONES * 0x7f))
             | control_bytes(w)
             | (w & HIGHS);
+        out.extend_from_slice(&word);
         if hits != 0 {
-            return i + (hits.trailing_zeros() / 8) as usize;
+            let run = (hits.trailing_zeros() / 8) as usize;
+            out.truncate(out.len() - 8 + run);
+            return i + run;
         }
         i += 8;
     }
@@ -285,6 +287,7 @@ fn scan_ascii_plain(b: &[u8], mut i: usize) -> usize {
         if ESCAPE[usize::from(c)] != 0 {
             break;
         }
+        out.push(c);
         i += 1;
     }
     i

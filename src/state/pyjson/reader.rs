@@ -58,10 +58,12 @@ pub fn loads(text: &str) -> Result<Value, JsonError> {
 
 /// An open container while parsing. Its items so far sit at the end of the parser's shared
 /// `items`/`entries` stacks from `start` on, so each container is allocated once, at its exact size,
-/// when it closes.
+/// when it closes. An open dict's last entry holds the key being read and a placeholder value until
+/// that value is complete.
+#[derive(Clone, Copy)]
 enum Open {
     List { start: usize },
-    Dict { start: usize, key: String },
+    Dict { start: usize },
 }
 
 /// A recursive-descent parser following CPython's `_json.c` scanner (same grammar, same error
@@ -134,19 +136,19 @@ impl Parser<'_> {
                         self.pos += 1;
                         Value::Dict(Dict::default())
                     } else {
+                        let start = self.entries.len();
                         let key = self.key()?;
-                        stack.push(Open::Dict {
-                            start: self.entries.len(),
-                            key,
-                        });
+                        self.entries.push((key, Value::Null));
+                        stack.push(Open::Dict { start });
                         continue 'value;
                     }
                 }
                 _ => self.scalar()?,
             };
             // Hand the complete value to its container, closing every container that ends here.
+            // The innermost container stays on the stack (no pop and push per item) until it closes.
             loop {
-                let Some(open) = stack.pop() else {
+                let Some(&open) = stack.last() else {
                     return Ok(value);
                 };
                 self.skip_ws();
@@ -154,24 +156,34 @@ impl Parser<'_> {
                     Open::List { start } => {
                         self.items.push(value);
                         match self.peek() {
-                            Some(b']') => {
-                                self.pos += 1;
-                                value = Value::List(self.items.drain(start..).collect());
-                            }
                             Some(b',') => {
                                 self.pos += 1;
                                 self.skip_ws();
-                                stack.push(Open::List { start });
                                 continue 'value;
+                            }
+                            Some(b']') => {
+                                self.pos += 1;
+                                stack.pop();
+                                value = Value::List(self.items.drain(start..).collect());
                             }
                             _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
                     }
-                    Open::Dict { start, key } => {
-                        self.entries.push((key, value));
+                    Open::Dict { start } => {
+                        if let Some(entry) = self.entries.last_mut() {
+                            entry.1 = value;
+                        }
                         match self.peek() {
+                            Some(b',') => {
+                                self.pos += 1;
+                                self.skip_ws();
+                                let key = self.key()?;
+                                self.entries.push((key, Value::Null));
+                                continue 'value;
+                            }
                             Some(b'}') => {
                                 self.pos += 1;
+                                stack.pop();
                                 let entries = self.entries.drain(start..);
                                 let mut dict = Dict::with_capacity_and_hasher(
                                     entries.len(),
@@ -183,13 +195,6 @@ impl Parser<'_> {
                                     dict.insert(k, v);
                                 }
                                 value = Value::Dict(dict);
-                            }
-                            Some(b',') => {
-                                self.pos += 1;
-                                self.skip_ws();
-                                let key = self.key()?;
-                                stack.push(Open::Dict { start, key });
-                                continue 'value;
                             }
                             _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }

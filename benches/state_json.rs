@@ -4,12 +4,15 @@
 //! (conversations with text, some of it non-ASCII, assistant tool calls, tool results, deferred
 //! calls with nested arguments), writes each payload to a temporary file, and times
 //!
-//! * ours: `RunState::to_json` and `RunState::from_json`;
-//! * CPython: `json.dumps(d)` and `json.loads(text)` of the same dict / text, via `python3 -c`
-//!   with `timeit`.
+//! * ours: `RunState::to_json` (of the state `from_json` read from the payload) and
+//!   `RunState::from_json`;
+//! * CPython: `json.dumps(d)` and `json.loads(text)` of the same dict / text, in a `python3`
+//!   process started for the payload, with `timeit`.
 //!
 //! Both sides use the same policy: one operation per sample, the same number of samples, and the
-//! median is reported. The ratio is CPython's time divided by ours (higher is better for us).
+//! median is reported. The samples are taken in rounds that alternate between the two sides, so
+//! that a change in the machine's load affects both alike. The ratio is CPython's time divided by
+//! ours (higher is better for us).
 
 use std::hint::black_box;
 use std::io::Write as _;
@@ -110,7 +113,7 @@ fn sentence(rng: &mut Lcg, words: usize) -> String {
 }
 
 fn args(rng: &mut Lcg, depth: u32) -> Value {
-    let mut d = pyjson::Dict::new();
+    let mut d = pyjson::Dict::default();
     d.insert(
         "user_id".into(),
         Value::from(format!("u-{}", rng.below(100_000))),
@@ -221,47 +224,87 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
-fn time<T>(samples: usize, mut op: impl FnMut() -> T) -> Duration {
-    let times = (0..samples)
+/// Times `samples` runs of `op`, one per sample.
+fn time<T>(samples: usize, mut op: impl FnMut() -> T) -> Vec<Duration> {
+    (0..samples)
         .map(|_| {
             let start = Instant::now();
             black_box(op());
             start.elapsed()
         })
-        .collect();
-    median(times)
+        .collect()
 }
 
+/// The CPython side: one `python3` process per payload that, for each line `dumps N` or `loads N`
+/// on its stdin, times N runs with `timeit` (one operation per sample, garbage collection off, as
+/// `timeit` does) and prints the N times in nanoseconds on one line.
 const PY_TIMER: &str = r#"
-import json, sys, timeit, statistics
-path, samples = sys.argv[1], int(sys.argv[2])
-with open(path, encoding='utf-8') as f:
+import json, sys, timeit
+with open(sys.argv[1], encoding='utf-8') as f:
     text = f.read()
 d = json.loads(text)
 assert json.dumps(d) == text, 'payload is not canonical json.dumps output'
-dumps = statistics.median(timeit.repeat(lambda: json.dumps(d), number=1, repeat=samples))
-loads = statistics.median(timeit.repeat(lambda: json.loads(text), number=1, repeat=samples))
-print(int(dumps * 1e9), int(loads * 1e9))
+ops = {'dumps': lambda: json.dumps(d), 'loads': lambda: json.loads(text)}
+for line in sys.stdin:
+    op, n = line.split()
+    times = timeit.repeat(ops[op], number=1, repeat=int(n))
+    print(' '.join(str(int(t * 1e9)) for t in times), flush=True)
 "#;
 
-fn python_times(path: &std::path::Path, samples: usize) -> Option<(Duration, Duration)> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(PY_TIMER)
-        .arg(path)
-        .arg(samples.to_string())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!("python3 failed: {}", String::from_utf8_lossy(&out.stderr));
-        return None;
-    }
-    let text = String::from_utf8(out.stdout).ok()?;
-    let mut parts = text.split_whitespace().map(|p| p.parse::<u64>().ok());
-    let dumps = Duration::from_nanos(parts.next()??);
-    let loads = Duration::from_nanos(parts.next()??);
-    Some((dumps, loads))
+/// A running CPython timer (see [`PY_TIMER`]).
+struct Python {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
 }
+
+impl Python {
+    fn start(path: &std::path::Path) -> Option<Python> {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(PY_TIMER)
+            .arg(path)
+            // CPython with its usual allocator, whatever this process was started with.
+            .env_remove("LD_PRELOAD")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| eprintln!("python3 not started: {e}"))
+            .ok()?;
+        let stdin = child.stdin.take()?;
+        let stdout = std::io::BufReader::new(child.stdout.take()?);
+        Some(Python {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// `samples` times of `json.dumps` (`op` = "dumps") or `json.loads` ("loads").
+    fn time(&mut self, op: &str, samples: usize) -> Option<Vec<Duration>> {
+        use std::io::BufRead as _;
+        writeln!(self.stdin, "{op} {samples}").ok()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).ok()?;
+        let times: Vec<Duration> = line
+            .split_whitespace()
+            .map(|t| t.parse().map(Duration::from_nanos))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        (times.len() == samples).then_some(times)
+    }
+}
+
+impl Drop for Python {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Rounds per measurement: ours and CPython's samples alternate in this many rounds, so that a
+/// change in the machine's load during the measurement affects both sides alike.
+const ROUNDS: usize = 5;
 
 fn human_size(bytes: usize) -> String {
     if bytes >= 1 << 20 {
@@ -315,9 +358,31 @@ fn main() {
         black_box(RunState::from_json(&text).expect("payload"));
         let samples = samples_for(warm.elapsed());
 
-        let ours_dumps = time(samples, || state.to_json());
-        let ours_loads = time(samples, || RunState::from_json(&text).expect("payload"));
-        let python = python_times(&path, samples);
+        // Like the CPython side, which dumps the dict `json.loads` just built, dump the state
+        // `from_json` just built (the controller, too, only ever writes a state it loaded).
+        let loaded = RunState::from_json(&text).expect("payload");
+        drop(state);
+        let mut python = Python::start(&path);
+        let per_round = samples.div_ceil(ROUNDS);
+        let (mut ours_dumps, mut ours_loads) = (Vec::new(), Vec::new());
+        let (mut py_dumps, mut py_loads) = (Some(Vec::new()), Some(Vec::new()));
+        for _ in 0..ROUNDS {
+            ours_dumps.extend(time(per_round, || loaded.to_json()));
+            ours_loads.extend(time(per_round, || {
+                RunState::from_json(&text).expect("payload")
+            }));
+            for (op, times) in [("dumps", &mut py_dumps), ("loads", &mut py_loads)] {
+                let more = python.as_mut().and_then(|p| p.time(op, per_round));
+                match (times.as_mut(), more) {
+                    (Some(times), Some(more)) => times.extend(more),
+                    _ => *times = None,
+                }
+            }
+        }
+        drop(python);
+        let samples = per_round * ROUNDS;
+        let (ours_dumps, ours_loads) = (median(ours_dumps), median(ours_loads));
+        let python = py_dumps.zip(py_loads).map(|(d, l)| (median(d), median(l)));
         let size = format!("{label} ({})", human_size(text.len()));
         for (op, ours, py) in [
             ("to_json / json.dumps", ours_dumps, python.map(|p| p.0)),

@@ -8,7 +8,7 @@ use super::{ApprovalMetadata, DeferredToolCall, RejectedTool, RunState, StateErr
 impl RunState {
     /// The state as the dict Python's `RunState.to_dict()` returns.
     pub fn to_dict(&self) -> Dict {
-        let mut d = Dict::with_capacity(11);
+        let mut d = Dict::with_capacity_and_hasher(11, Default::default());
         d.insert("run_id".into(), Value::from(self.run_id.as_str()));
         d.insert("agent_name".into(), Value::from(self.agent_name.as_str()));
         d.insert("input".into(), Value::from(self.input.as_str()));
@@ -273,7 +273,7 @@ impl RunState {
                         // defaults, to an empty dict.
                         args: call
                             .get_mut("args")
-                            .map_or_else(|| Value::Dict(Dict::new()), std::mem::take),
+                            .map_or_else(|| Value::Dict(Dict::default()), std::mem::take),
                     });
             }
         }

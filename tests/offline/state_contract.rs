@@ -195,7 +195,7 @@ fn tolerant_load_of_older_payloads() {
     .unwrap();
     assert_eq!(
         s.deferred_tool_requests.approvals[0].args,
-        Value::Dict(Dict::new())
+        Value::Dict(Dict::default())
     );
 }
 
@@ -271,7 +271,7 @@ fn audit_metadata_is_separate_from_resumption() {
     // Resumption never depends on the audit dict: dropping it from the payload, or adding stray
     // entries, changes none of the resumption lists.
     let mut payload = state.to_dict();
-    payload.insert("approval_metadata".into(), Value::Dict(Dict::new()));
+    payload.insert("approval_metadata".into(), Value::Dict(Dict::default()));
     let without = RunState::from_dict(&Value::Dict(payload.clone())).unwrap();
     let stray = json(
         r#"{"call_9": {"approver_id": "eve", "reason": null, "timestamp": "2026-12-02T19:30:25"}}"#,

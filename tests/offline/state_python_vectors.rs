@@ -568,3 +568,55 @@ emit(json.dumps(after))
     state.reject("call_3", Rejection::new()).expect("reject");
     assert_eq!(state.to_json(), records[1][0]);
 }
+
+/// The reader's fast paths (short and `\uXXXX` escapes decoded inline, surrogate pairs, dict entries
+/// completed in place, containers closing together) against CPython: every prefix of documents
+/// that use them is accepted or rejected like `json.loads` does (same message, line and column),
+/// and accepted ones are written back byte-identically.
+#[test]
+fn fast_paths_match_python_at_every_prefix() {
+    let docs = [
+        r#"{"k\u00e9y": {"a": {"b": [1, {"c": "\u65e5\u672c\ud83d\ude80\"q\" \\ \/ \u00C9\u00c9x"}]}, "a": 2}, "k\u00e9y": null, "z": [[], {}, [[{"d": {}}]]]}"#,
+        r#"["\ud83d\ude00\ud83d\ude80", "\u0041\b\f\n\r\t\u001f\u007f", "\ud800\udc00\udbff\udfff", "x\\"]"#,
+        r#"{"a": 1, "b": {"a": [2, 3], "a": {"x": "\u20ac"}}, "a": -0.0, "f": [1e-400, 5e-324, 1.5, 123456789012345678901234567890]}"#,
+    ];
+    let mut input = String::new();
+    for doc in docs {
+        for i in 0..=doc.len() {
+            input.push_str(&hex_line(&[&doc[..i]]));
+        }
+    }
+    let out = python(
+        &format!(
+            "{PY_PRELUDE}{}",
+            r#"
+for line in sys.stdin.read().splitlines():
+    text = bytes.fromhex(line).decode('utf-8')
+    try:
+        emit(text, json.dumps(json.loads(text)), None)
+    except json.JSONDecodeError as e:
+        emit(text, None, '%d:%d:%s' % (e.lineno, e.colno, e.msg))
+"#
+        ),
+        &input,
+    );
+    let records = hex_records(&out);
+    assert!(records.len() > 300, "only {} records", records.len());
+    for record in &records {
+        let (text, expected, python_error) = (&record[0], &record[1], &record[2]);
+        let ours = pyjson::loads(text).map(|v| pyjson::dumps(&v).expect("dumps"));
+        match ours {
+            Ok(ours) => assert_eq!(&ours, expected, "input {text:?}"),
+            Err(pyjson::JsonError::Syntax {
+                line,
+                column,
+                message,
+            }) => assert_eq!(
+                &format!("{line}:{column}:{message}"),
+                python_error,
+                "input {text:?}"
+            ),
+            Err(e) => panic!("{text:?}: {e}"),
+        }
+    }
+}

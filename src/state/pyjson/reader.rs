@@ -58,10 +58,12 @@ pub fn loads(text: &str) -> Result<Value, JsonError> {
 
 /// An open container while parsing. Its items so far sit at the end of the parser's shared
 /// `items`/`entries` stacks from `start` on, so each container is allocated once, at its exact size,
-/// when it closes.
+/// when it closes. An open dict's last entry holds the key being read and a placeholder value until
+/// that value is complete.
+#[derive(Clone, Copy)]
 enum Open {
     List { start: usize },
-    Dict { start: usize, key: String },
+    Dict { start: usize },
 }
 
 /// A recursive-descent parser following CPython's `_json.c` scanner (same grammar, same error
@@ -132,21 +134,21 @@ impl Parser<'_> {
                     self.skip_ws();
                     if self.peek() == Some(b'}') {
                         self.pos += 1;
-                        Value::Dict(Dict::new())
+                        Value::Dict(Dict::default())
                     } else {
+                        let start = self.entries.len();
                         let key = self.key()?;
-                        stack.push(Open::Dict {
-                            start: self.entries.len(),
-                            key,
-                        });
+                        self.entries.push((key, Value::Null));
+                        stack.push(Open::Dict { start });
                         continue 'value;
                     }
                 }
                 _ => self.scalar()?,
             };
             // Hand the complete value to its container, closing every container that ends here.
+            // The innermost container stays on the stack (no pop and push per item) until it closes.
             loop {
-                let Some(open) = stack.pop() else {
+                let Some(&open) = stack.last() else {
                     return Ok(value);
                 };
                 self.skip_ws();
@@ -154,39 +156,45 @@ impl Parser<'_> {
                     Open::List { start } => {
                         self.items.push(value);
                         match self.peek() {
-                            Some(b']') => {
-                                self.pos += 1;
-                                value = Value::List(self.items.drain(start..).collect());
-                            }
                             Some(b',') => {
                                 self.pos += 1;
                                 self.skip_ws();
-                                stack.push(Open::List { start });
                                 continue 'value;
+                            }
+                            Some(b']') => {
+                                self.pos += 1;
+                                stack.pop();
+                                value = Value::List(self.items.drain(start..).collect());
                             }
                             _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
                     }
-                    Open::Dict { start, key } => {
-                        self.entries.push((key, value));
+                    Open::Dict { start } => {
+                        if let Some(entry) = self.entries.last_mut() {
+                            entry.1 = value;
+                        }
                         match self.peek() {
+                            Some(b',') => {
+                                self.pos += 1;
+                                self.skip_ws();
+                                let key = self.key()?;
+                                self.entries.push((key, Value::Null));
+                                continue 'value;
+                            }
                             Some(b'}') => {
                                 self.pos += 1;
+                                stack.pop();
                                 let entries = self.entries.drain(start..);
-                                let mut dict = Dict::with_capacity(entries.len());
+                                let mut dict = Dict::with_capacity_and_hasher(
+                                    entries.len(),
+                                    Default::default(),
+                                );
                                 // `insert` keeps an existing key's position and replaces its value:
                                 // what assigning into a Python dict does with duplicate keys.
                                 for (k, v) in entries {
                                     dict.insert(k, v);
                                 }
                                 value = Value::Dict(dict);
-                            }
-                            Some(b',') => {
-                                self.pos += 1;
-                                self.skip_ws();
-                                let key = self.key()?;
-                                stack.push(Open::Dict { start, key });
-                                continue 'value;
                             }
                             _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
@@ -345,7 +353,9 @@ impl Parser<'_> {
             self.pos = i + 1;
             return Ok(self.text[start..i].to_owned());
         }
-        // Decode into the reusable scratch buffer, then copy once into an exact-size string.
+        // Decode into the reusable scratch buffer, then copy once into an exact-size string. Runs
+        // end at ASCII bytes, so they are slices of the text at character boundaries: nothing is
+        // validated again (a byte buffer would have to be, which costs more than it saves).
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
         out.push_str(&self.text[start..i]);
@@ -356,10 +366,17 @@ impl Parser<'_> {
                     self.pos = i + 1;
                     break Ok(out.as_str().to_owned());
                 }
-                Some(b'\\') => match self.escape(i, begin, &mut out) {
-                    Ok(next) => i = next,
-                    Err(e) => break Err(e),
-                },
+                Some(b'\\') => {
+                    // The common escapes inline; surrogates, refusals and errors in `escape`.
+                    if quick_escape(b, i, &mut out) {
+                        i += if b[i + 1] == b'u' { 6 } else { 2 };
+                    } else {
+                        match self.escape(i, begin, &mut out) {
+                            Ok(next) => i = next,
+                            Err(e) => break Err(e),
+                        }
+                    }
+                }
                 Some(_) => break Err(fail(i, "Invalid control character at")),
             }
             let run = i;
@@ -409,14 +426,12 @@ impl Parser<'_> {
                         code = 0x1_0000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
                     }
                 }
-                match char::from_u32(code) {
-                    Some(c) => out.push(c),
-                    None => {
-                        // A lone surrogate: CPython keeps it; a Rust string cannot.
-                        self.refuse(at, LONE_SURROGATE.to_owned());
-                        out.push(char::REPLACEMENT_CHARACTER);
-                    }
-                }
+                let c = char::from_u32(code).unwrap_or_else(|| {
+                    // A lone surrogate: CPython keeps it; a Rust string cannot.
+                    self.refuse(at, LONE_SURROGATE.to_owned());
+                    char::REPLACEMENT_CHARACTER
+                });
+                out.push(c);
                 return Ok(next);
             }
             _ => return Err(fail(at, "Invalid \\escape")),
@@ -426,18 +441,69 @@ impl Parser<'_> {
     }
 }
 
+/// The value of each hex digit, 0xFF for other bytes.
+static HEX_VALUE: [u8; 256] = {
+    let mut table = [0xFFu8; 256];
+    let mut d = 0;
+    while d < 10 {
+        table[b'0' as usize + d] = d as u8;
+        d += 1;
+    }
+    let mut d = 0;
+    while d < 6 {
+        table[b'a' as usize + d] = 10 + d as u8;
+        table[b'A' as usize + d] = 10 + d as u8;
+        d += 1;
+    }
+    table
+};
+
 /// The value of 4 hex digits.
 #[inline]
 fn hex4(digits: &[u8]) -> Option<u32> {
-    digits.iter().try_fold(0u32, |acc, &d| {
-        let v = match d {
-            b'0'..=b'9' => d - b'0',
-            b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return None,
-        };
-        Some(acc << 4 | u32::from(v))
-    })
+    let [a, b, c, d] = <[u8; 4]>::try_from(digits).ok()?;
+    let (a, b, c, d) = (
+        HEX_VALUE[usize::from(a)],
+        HEX_VALUE[usize::from(b)],
+        HEX_VALUE[usize::from(c)],
+        HEX_VALUE[usize::from(d)],
+    );
+    ((a | b | c | d) & 0xF0 == 0)
+        .then(|| u32::from(a) << 12 | u32::from(b) << 8 | u32::from(c) << 4 | u32::from(d))
+}
+
+/// Decodes the escape whose backslash is at `at` into `out` when it is a short escape, or a
+/// `\uXXXX` escape of a character outside the surrogate range (which CPython reads on its own):
+/// 2 or 6 bytes long. `false` (and nothing appended) for anything else (surrogates, invalid or
+/// unterminated escapes), which [`Parser::escape`] handles with CPython's exact rules and
+/// messages.
+#[inline]
+fn quick_escape(b: &[u8], at: usize, out: &mut String) -> bool {
+    let c = match b.get(at + 1) {
+        Some(b'u') => {
+            // CPython wants at least one character after the 4 hex digits.
+            let Some(unit) = b.get(at + 2..at + 7).and_then(|d| hex4(&d[..4])) else {
+                return false;
+            };
+            // Surrogates are not characters: left to `escape`.
+            let Some(c) = char::from_u32(unit) else {
+                return false;
+            };
+            out.push(c);
+            return true;
+        }
+        Some(b'"') => '"',
+        Some(b'\\') => '\\',
+        Some(b'/') => '/',
+        Some(b'b') => '\u{8}',
+        Some(b'f') => '\u{c}',
+        Some(b'n') => '\n',
+        Some(b'r') => '\r',
+        Some(b't') => '\t',
+        _ => return false,
+    };
+    out.push(c);
+    true
 }
 
 /// The first index from `i` of a `"`, a `\` or a control character (or the end): the end of a run

@@ -233,60 +233,73 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
     out.push(b'"');
-    let mut start = 0;
+    let mut i = 0;
     loop {
-        let i = scan_ascii_plain(bytes, start);
-        out.extend_from_slice(&bytes[start..i]);
-        let Some(&byte) = bytes.get(i) else {
-            break;
-        };
-        if byte >= 0x80 {
-            // Non-ASCII: decode one UTF-8 sequence (the input is valid UTF-8).
-            let (cp, len) = decode_utf8(&bytes[i..]);
-            if cp >= 0x1_0000 {
-                let v = cp - 0x1_0000;
-                push_u_escape(out, 0xD800 | (v >> 10));
-                push_u_escape(out, 0xDC00 | (v & 0x3FF));
+        i = copy_ascii_plain(bytes, i, out);
+        // Escape everything up to the next byte that is copied as is (runs of non-ASCII
+        // characters, such as a CJK word or an emoji, stay in this loop).
+        loop {
+            let Some(&byte) = bytes.get(i) else {
+                out.push(b'"');
+                return;
+            };
+            if byte >= 0x80 {
+                // Non-ASCII: decode one UTF-8 sequence (the input is valid UTF-8).
+                let (cp, len) = decode_utf8(&bytes[i..]);
+                if cp >= 0x1_0000 {
+                    let v = cp - 0x1_0000;
+                    let high = u_escape(0xD800 | (v >> 10));
+                    let low = u_escape(0xDC00 | (v & 0x3FF));
+                    out.extend_from_slice(&[
+                        high[0], high[1], high[2], high[3], high[4], high[5], low[0], low[1],
+                        low[2], low[3], low[4], low[5],
+                    ]);
+                } else {
+                    out.extend_from_slice(&u_escape(cp));
+                }
+                i += len;
             } else {
-                push_u_escape(out, cp);
+                match ESCAPE[usize::from(byte)] {
+                    0 => break,
+                    b'u' => out.extend_from_slice(&u_escape(u32::from(byte))),
+                    short => out.extend_from_slice(&[b'\\', short]),
+                }
+                i += 1;
             }
-            start = i + len;
-        } else {
-            match ESCAPE[usize::from(byte)] {
-                0 => out.push(byte),
-                b'u' => push_u_escape(out, u32::from(byte)),
-                short => out.extend_from_slice(&[b'\\', short]),
-            }
-            start = i + 1;
         }
     }
-    out.push(b'"');
 }
 
 /// The first index from `i` of a byte that `ensure_ascii` escapes (`"`, `\`, controls, DEL,
-/// non-ASCII), or the end. Eight bytes at a time.
+/// non-ASCII), or the end; the bytes before it are appended to `out`. Eight bytes at a time, each
+/// word copied whole (a fixed-size copy rather than a call to `memcpy` per short run), the last one
+/// cut back to the run's end.
 #[inline]
-fn scan_ascii_plain(b: &[u8], mut i: usize) -> usize {
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
+fn copy_ascii_plain(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
+    while let Some(Ok(word)) = b.get(i..i + 8).map(<[u8; 8]>::try_from) {
         let w = u64::from_le_bytes(word);
         let hits = zero_bytes(w ^ (ONES * u64::from(b'"')))
             | zero_bytes(w ^ (ONES * u64::from(b'\\')))
             | zero_bytes(w ^ (ONES * 0x7f))
             | control_bytes(w)
             | (w & HIGHS);
+        out.extend_from_slice(&word);
         if hits != 0 {
-            return i + (hits.trailing_zeros() / 8) as usize;
+            let run = (hits.trailing_zeros() / 8) as usize;
+            out.truncate(out.len() - 8 + run);
+            return i + run;
         }
         i += 8;
     }
+    // The last few bytes: find the run's end, then copy it at once.
+    let start = i;
     while let Some(&c) = b.get(i) {
         if ESCAPE[usize::from(c)] != 0 {
             break;
         }
         i += 1;
     }
+    out.extend_from_slice(&b[start..i]);
     i
 }
 
@@ -307,10 +320,11 @@ fn decode_utf8(b: &[u8]) -> (u32, usize) {
     }
 }
 
+/// `\uXXXX` (lowercase hex digits, as CPython writes them) for a UTF-16 code unit.
 #[inline]
-fn push_u_escape(out: &mut Vec<u8>, unit: u32) {
+fn u_escape(unit: u32) -> [u8; 6] {
     let hex = |shift: u32| HEX[((unit >> shift) & 0xF) as usize];
-    out.extend_from_slice(&[b'\\', b'u', hex(12), hex(8), hex(4), hex(0)]);
+    [b'\\', b'u', hex(12), hex(8), hex(4), hex(0)]
 }
 
 /// Appends the decimal digits of `v`.

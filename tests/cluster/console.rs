@@ -19,6 +19,7 @@ use agentrun_testkit::runs::{
     agent_yaml, approvers_role, requests_of, run_yaml, scripted_model, wait_for_phase,
 };
 use agentrun_testkit::tool_server::ToolServer;
+use agentrun_testkit::wait::eventually;
 use kube::api::Api;
 use serde_json::{Value, json};
 
@@ -131,6 +132,23 @@ async fn find(driver: &WebDriver, by: By) -> WebElement {
     }
 }
 
+/// Finds and clicks an element, again while it goes stale: the inbox's rows are replaced whenever
+/// a live update arrives, possibly between the find and the click.
+async fn click(driver: &WebDriver, by: By) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match find(driver, by.clone()).await.click().await {
+            Ok(()) => return,
+            Err(WebDriverError::StaleElementReference(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("click {by:?}: {error}"),
+        }
+    }
+}
+
 /// The text of the element `id`.
 async fn text_of(driver: &WebDriver, id: &str) -> String {
     find(driver, By::Id(id))
@@ -237,9 +255,20 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     // API server refuses her approval: its message is on the page.
     let carol = cp.token(Identity::Carol);
     log_in(driver, &console, &carol, "carol@example.com").await;
-    let link = find(driver, By::Css("#inbox-rows a.open")).await;
-    assert_eq!(link.text().await.unwrap(), "delete_user");
-    link.click().await.expect("open the request");
+    let link = eventually(
+        Duration::from_secs(20),
+        "the inbox row's link text",
+        || async {
+            find(driver, By::Css("#inbox-rows a.open"))
+                .await
+                .text()
+                .await
+                .ok()
+        },
+    )
+    .await;
+    assert_eq!(link, "delete_user");
+    click(driver, By::Css("#inbox-rows a.open")).await;
     assert_eq!(text_of(driver, "tool").await, "delete_user");
     find(driver, By::Id("approve-reason"))
         .await
@@ -308,11 +337,7 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     assert_eq!(cookie.same_site, Some(thirtyfour::cookie::SameSite::Strict));
 
     // The request page: the conversation, the exact arguments and their digest, the endpoint.
-    find(driver, By::Css("#inbox-rows a.open"))
-        .await
-        .click()
-        .await
-        .unwrap();
+    click(driver, By::Css("#inbox-rows a.open")).await;
     assert_eq!(
         text_of(driver, "arguments").await,
         "{\n  \"user_id\": \"u-1\"\n}"

@@ -139,8 +139,11 @@ async fn click(driver: &WebDriver, by: By) {
     loop {
         match find(driver, by.clone()).await.click().await {
             Ok(()) => return,
-            Err(WebDriverError::StaleElementReference(_))
-                if tokio::time::Instant::now() < deadline =>
+            Err(error)
+                if matches!(
+                    error.as_inner(),
+                    thirtyfour::error::WebDriverErrorInner::StaleElementReference(_)
+                ) && tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

@@ -603,10 +603,12 @@ async fn the_chart_runs_the_approval_flow_on_a_real_node() {
         (text(&lease.stdout) == upgraded).then_some(())
     });
 
-    // helm uninstall: nothing of the release is left, its Pods included. (The Lease is the
-    // controller's own object, not the chart's: it stays, expiring 15 s after the last renewal.
-    // See docs/real-node.md.)
+    // helm uninstall: nothing of the release is left, its Pods included. (The Lease and the
+    // approval-assertion signing keys are the controller's own objects, not the chart's: the
+    // Lease stays, expiring 15 s after the last renewal; the keys stay so that a reinstall signs
+    // with keys the tools already trust. See docs/real-node.md.)
     helm(&cp, &["uninstall", release, "--namespace", system]);
+    let mut last_left = String::new();
     let kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,\
                  networkpolicies,poddisruptionbudgets,secrets";
     wait_for(
@@ -618,8 +620,13 @@ async fn the_chart_runs_the_approval_flow_on_a_real_node() {
             let left = kubectl(&cp, &["get", kinds, "-n", system, "-o", "name"]);
             let left: Vec<&str> = left
                 .lines()
-                .filter(|l| *l != "serviceaccount/default")
+                .filter(|l| *l != "serviceaccount/default" && *l != "secret/agentrun-signing-keys")
                 .collect();
+            let now = left.join(", ");
+            if now != last_left {
+                eprintln!("left in the release namespace: [{now}]");
+                last_left = now;
+            }
             left.is_empty().then_some(())
         },
     );

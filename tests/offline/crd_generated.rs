@@ -48,7 +48,8 @@ fn committed_crds_match_the_rust_types() {
             "approvalrequest.yaml",
             "approvalrecord.yaml",
             "approvalpolicy.yaml",
-            "runstatechunk.yaml"
+            "runstatechunk.yaml",
+            "notificationsink.yaml",
         ]
     );
     let mut stale = Vec::new();

@@ -14,6 +14,10 @@
 //! that a change in the machine's load affects both alike. The ratio is CPython's time divided by
 //! ours (higher is better for us).
 
+/// The allocator of the `agentrun` binary (src/main.rs), so that the codec is timed as it runs there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::io::Write as _;
 use std::process::Command;

@@ -4,6 +4,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of the C library's allocator: the controller and worker allocate many small
+/// strings and maps (RunStates, cached objects), and the static musl build's malloc is slow at
+/// that (docs/benchmark.md, "Codec").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "agentrun",

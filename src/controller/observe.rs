@@ -247,9 +247,12 @@ pub async fn observe(
     let full = match cached {
         Some(full) => full,
         None => {
-            // A state read from the API server can be large: few at once bound the memory they
-            // take, whatever the reconcile concurrency.
-            permit = ctx.state_reads.clone().acquire_owned().await.ok();
+            // A large state read from the API server takes memory: few at once bound it, whatever
+            // the reconcile concurrency. Small ones need no bound, and must not wait behind the
+            // large ones (the waiting reconcile holds one of the concurrency's slots meanwhile).
+            if !is_small(run) {
+                permit = ctx.state_reads.clone().acquire_owned().await.ok();
+            }
             Api::<AgentRun>::namespaced(ctx.client.clone(), &ns)
                 .get(&run.name_any())
                 .await?
@@ -267,6 +270,15 @@ pub async fn observe(
     });
     observed.run = full;
     Ok((observed, permit))
+}
+
+/// Whether the run's stored state is small enough to be read without a permit (no larger than
+/// what the state cache keeps).
+fn is_small(run: &AgentRun) -> bool {
+    run.status
+        .as_ref()
+        .and_then(|s| s.run_state_bytes)
+        .is_some_and(|bytes| bytes <= super::state_cache::MAX_ENTRY_BYTES as u64)
 }
 
 /// The objects of `run` (same namespace, owned by it) among `objects`.
@@ -354,4 +366,27 @@ async fn decider_rights(
         );
     }
     Ok(rights)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::AgentRunStatus;
+
+    fn with_bytes(bytes: Option<u64>) -> AgentRun {
+        let mut run = AgentRun::new("r", Default::default());
+        run.status = Some(AgentRunStatus {
+            run_state_bytes: bytes,
+            ..Default::default()
+        });
+        run
+    }
+
+    #[test]
+    fn only_states_the_cache_could_hold_are_read_without_a_permit() {
+        assert!(is_small(&with_bytes(Some(2_000))));
+        assert!(is_small(&with_bytes(Some(16 << 10))));
+        assert!(!is_small(&with_bytes(Some((16 << 10) + 1))));
+        assert!(!is_small(&with_bytes(None)));
+    }
 }

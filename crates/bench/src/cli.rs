@@ -19,6 +19,16 @@ pub struct BenchArgs {
     /// Run counts to measure, one approval cycle each (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     pub runs: Vec<usize>,
+    /// Approvals per burst: the next burst starts once every worker Pod of the previous one
+    /// exists (0: all runs in one burst).
+    #[arg(long, default_value_t = 0)]
+    pub burst_size: usize,
+    /// Do not replay the approval cycles through the ideal controller.
+    #[arg(long)]
+    pub no_ideal: bool,
+    /// Single approvals made one at a time on an idle system (0 skips them).
+    #[arg(long, default_value_t = 50)]
+    pub single_approvals: usize,
     /// Idle AwaitingApproval runs for the memory measurement (0 skips it).
     #[arg(long, default_value_t = 10_000)]
     pub idle_runs: usize,
@@ -88,6 +98,9 @@ impl BenchArgs {
         Ok(BenchConfig {
             cluster_dir: self.cluster_dir.clone(),
             runs: self.runs.clone(),
+            ideal: !self.no_ideal,
+            burst_size: self.burst_size,
+            single_approvals: self.single_approvals,
             idle_runs: self.idle_runs,
             idle_state_kib: self.idle_state_kib,
             crds_dir: (!self.skip_crds).then(|| self.crds.clone()),

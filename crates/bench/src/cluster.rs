@@ -11,7 +11,7 @@ use agentrun_testkit::cluster_env::{ClusterEnv, parse_cluster_env};
 use agentrun_testkit::namespaces;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
@@ -112,6 +112,7 @@ impl Cluster {
 
 /// A namespace of the benchmark, with the approvers' RoleBinding and the identities of the
 /// controller and of the baseline client.
+#[derive(Clone)]
 pub(crate) struct BenchNamespace {
     /// The namespace.
     pub(crate) name: String,
@@ -125,6 +126,11 @@ pub(crate) struct BenchNamespace {
 }
 
 impl BenchNamespace {
+    /// The ClusterRoleBinding giving the controller its cluster-scoped rights.
+    pub(crate) fn controller_binding(&self) -> String {
+        format!("{}-{CONTROLLER_ACCOUNT}", self.name)
+    }
+
     /// The API server's username of the controller.
     pub(crate) fn controller_username(&self) -> String {
         format!("system:serviceaccount:{}:{CONTROLLER_ACCOUNT}", self.name)
@@ -165,6 +171,18 @@ pub(crate) async fn create_namespace(
         .create(&PostParams::default(), &approvers)
         .await
         .map_err(kube_error("creating the approvers' RoleBinding"))?;
+    // The controller also reads cluster-scoped objects (ApprovalPolicies, NotificationSinks,
+    // its namespace's labels) and writes ApprovalRecords; removed with the namespace.
+    let cluster_binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": ns.controller_binding(), "labels": {"agentrun.dev/bench": "true"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": ns.name}],
+    }))
+    .map_err(|e| BenchError::Config(format!("the controller's ClusterRoleBinding: {e}")))?;
+    Api::<ClusterRoleBinding>::all(cluster.admin.clone())
+        .create(&PostParams::default(), &cluster_binding)
+        .await
+        .map_err(kube_error("creating the controller's ClusterRoleBinding"))?;
     for (account, path) in [
         (CONTROLLER_ACCOUNT, &ns.controller_kubeconfig),
         (BASELINE_ACCOUNT, &ns.baseline_kubeconfig),
@@ -286,6 +304,17 @@ pub(crate) async fn remove_namespace(
         progress.say(format!(
             "warning: {failures} finalizers of {ns} could not be removed"
         ));
+    }
+    let binding = format!("{ns}-{CONTROLLER_ACCOUNT}");
+    match Api::<ClusterRoleBinding>::all(cluster.admin.clone())
+        .delete(&binding, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(error) => progress.say(format!(
+            "warning: deleting ClusterRoleBinding {binding}: {error}"
+        )),
     }
     let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
     if let Err(error) = namespaces.delete(ns, &DeleteParams::default()).await {

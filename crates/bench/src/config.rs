@@ -12,6 +12,12 @@ pub struct BenchConfig {
     pub cluster_dir: PathBuf,
     /// The run counts measured, one approval cycle each (zeros are skipped).
     pub runs: Vec<usize>,
+    /// Approvals per burst (0: all at once); a burst starts once the previous one's Pods exist.
+    pub burst_size: usize,
+    /// Replay each approval cycle through the ideal controller (same N, burst and kubelet).
+    pub ideal: bool,
+    /// Single approvals made one at a time on an idle system (0 skips them).
+    pub single_approvals: usize,
     /// Idle AwaitingApproval runs for the memory measurement (0 skips it).
     pub idle_runs: usize,
     /// The size of each idle run's RunState, in KiB.
@@ -44,9 +50,9 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     pub(crate) fn validate(&self) -> Result<(), BenchError> {
-        if self.runs.iter().all(|&n| n == 0) && self.idle_runs == 0 {
+        if self.runs.iter().all(|&n| n == 0) && self.idle_runs == 0 && self.single_approvals == 0 {
             return Err(BenchError::Config(
-                "nothing to measure: --runs has no count above 0 and --idle-runs is 0".into(),
+                "nothing to measure: --runs has no count above 0, and --idle-runs and --single-approvals are 0".into(),
             ));
         }
         if self.concurrency == 0 {

@@ -1,35 +1,41 @@
-//! One approval cycle: N runs halt, are approved in one burst, and resume.
+//! One approval cycle: N runs halt, are approved in one burst, and resume (by our controller, or
+//! by the ideal one).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use agentrun::crd::{AgentRun, ApprovalRequest};
+use agentrun::crd::{ApprovalRequest, worker_pod_name};
 use agentrun_testkit::tool_server::ToolServer;
-use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
+use futures::{StreamExt, stream};
+use kube::api::{Api, Patch, PatchParams};
 
 use crate::audit::{
     audit_size, controller_events, count_audit_since, event_writes, event_writes_between,
     event_writes_where, is_completion_reason,
 };
 use crate::baseline::{baseline_during, baseline_sample};
+use crate::bed::Bed;
 use crate::cluster::{BenchNamespace, Cluster, client_from};
-use crate::error::kube_error;
-use crate::objects::{create_agent, run_name, run_object};
-use crate::observe::{Observations, latencies, lock, watch_pods, watch_runs};
-use crate::process::{ChildProcess, Controller};
+use crate::ideal::{IdealController, check_ideal, start_ideal};
+use crate::objects::approval_patch;
+use crate::observe::{latencies, lock, phases};
+use crate::process::{Controller, Memory};
 use crate::report::{CycleReport, mib, ms, opt};
 use crate::run::{Progress, wait_for};
 use crate::stats::Percentiles;
-use crate::{
-    APPROVER, BASELINE_CONFIGMAPS, BenchConfig, BenchError, EVENT_REPORTER, RUN_PREFIX,
-    TOOL_CALL_ID,
-};
+use crate::{APPROVER, BenchConfig, BenchError, EVENT_REPORTER, RUN_PREFIX, TOOL_CALL_ID};
 
-/// One approval cycle of `n` runs in `ns`.
+/// Who acts on the approvals of a cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Driver {
+    /// Our controller (a child process).
+    Ours,
+    /// The [`IdealController`], in the benchmark process, after ours halted the runs.
+    Ideal,
+}
+
+/// One approval cycle of `n` runs in `ns`, its approvals acted on by `driver`.
 pub(crate) async fn cycle(
     config: &BenchConfig,
     cluster: &Cluster,
@@ -37,127 +43,31 @@ pub(crate) async fn cycle(
     progress: &Progress,
     ns: &BenchNamespace,
     n: usize,
+    driver: Driver,
 ) -> Result<CycleReport, BenchError> {
-    let say = |m: String| progress.say(format!("N={n}: {m}"));
-    create_agent(cluster, &ns.name, tools).await?;
-    let maps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), &ns.name);
-    for i in 0..BASELINE_CONFIGMAPS {
-        let map: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": format!("baseline-{i}")}, "data": {"seq": "0"}
-        }))
-        .unwrap_or_default();
-        maps.create(&PostParams::default(), &map)
-            .await
-            .map_err(kube_error("creating the baseline ConfigMaps"))?;
-    }
-
-    let seen = Arc::new(Observations::default());
-    let _pod_watch = watch_pods(cluster.admin_client().await?, &ns.name, seen.clone());
-    let _run_watch = watch_runs(cluster.admin_client().await?, &ns.name, seen.clone());
-    wait_for("the benchmark's watches", Duration::from_secs(60), || {
-        let ready =
-            seen.pods_synced.load(Ordering::Relaxed) && seen.runs_synced.load(Ordering::Relaxed);
-        Ok((!ready).then(|| "not synced".to_owned()))
-    })
-    .await?;
-
-    let rust_log = std::env::var_os("RUST_LOG").unwrap_or_else(|| "warn".into());
-    let pod_dir = ns.dir.join("pods");
-    let mut kubelet = ChildProcess::spawn(
-        "dev kubelet",
-        &config.dev_kubelet_binary,
-        &[
-            "--agentrun-binary",
-            &config.agentrun_binary.to_string_lossy(),
-            "--namespace",
-            &ns.name,
-            "--work-dir",
-            &pod_dir.to_string_lossy(),
-            "--max-pods",
-            &config.kubelet_max_pods.to_string(),
-        ],
-        &[
-            ("KUBECONFIG", cluster.admin_kubeconfig.as_os_str()),
-            ("RUST_LOG", rust_log.as_os_str()),
-        ],
-        ns.dir.join("dev-kubelet.log"),
-    )?;
-    let (mut controller, _) = Controller::start(config, ns, "controller.log").await?;
-    controller.wait_ready(config.timeout).await?;
+    let label = match driver {
+        Driver::Ours => format!("N={n}"),
+        Driver::Ideal => format!("N={n} ideal"),
+    };
+    let say = |m: String| progress.say(format!("{label}: {m}"));
+    let mut bed = Bed::start(config, cluster, tools, ns).await?;
     say("controller ready; creating runs".into());
-
-    let names: Vec<String> = (0..n).map(run_name).collect();
-    let runs: Api<AgentRun> = Api::namespaced(cluster.admin.clone(), &ns.name);
-    let created = Instant::now();
-    // Runs are created in waves, at most two waves in flight before they halt: this bounds the
-    // worker processes of step 0 that run at once (the dev kubelet runs each Pod at once).
-    let wave = (config.concurrency * 4).max(1);
-    for (index, chunk) in names.chunks(wave).enumerate() {
-        let started = index * wave;
-        wait_for("runs to halt before the next wave", config.timeout, || {
-            controller.process.check_alive()?;
-            kubelet.check_alive()?;
-            let runs = seen.runs();
-            let done = names[..started]
-                .iter()
-                .filter(|r| {
-                    runs.get(*r)
-                        .is_some_and(|s| s.awaiting.is_some() || s.terminal.is_some())
-                })
-                .count();
-            Ok((started - done > wave).then(|| format!("{done}/{started} halted")))
-        })
-        .await?;
-        stream::iter(chunk)
-            .map(|name| {
-                let runs = &runs;
-                async move {
-                    let run = run_object(&ns.name, name)?;
-                    runs.create(&PostParams::default(), &run)
-                        .await
-                        .map_err(kube_error(format!("creating AgentRun {name}")))
-                }
-            })
-            .buffer_unordered(config.concurrency)
-            .try_for_each(|_| futures::future::ready(Ok(())))
-            .await?;
-    }
-    say(format!(
-        "{n} runs created in {:.1} s (in waves of {wave}); waiting for them to halt",
-        created.elapsed().as_secs_f64()
-    ));
-
-    wait_for("every run to halt for approval", config.timeout, || {
-        controller.process.check_alive()?;
-        kubelet.check_alive()?;
-        let runs = seen.runs();
-        let done = names
-            .iter()
-            .filter(|r| {
-                runs.get(*r)
-                    .is_some_and(|s| s.awaiting.is_some() || s.terminal.is_some())
-            })
-            .count();
-        Ok((done < n).then(|| format!("{done}/{n} halted or finished")))
-    })
-    .await?;
-    let halt_seconds = created.elapsed().as_secs_f64();
-    let runs_seen = seen.runs();
-    let halted: Vec<String> = names
-        .iter()
-        .filter(|r| {
-            runs_seen
-                .get(*r)
-                .is_some_and(|s| s.awaiting.is_some() && s.terminal.is_none())
-        })
-        .cloned()
-        .collect();
-    if halted.is_empty() {
-        return Err(BenchError::NothingToMeasure(format!(
-            "no run halted for approval; see {}",
-            ns.dir.display()
-        )));
-    }
+    let halted = bed.create_and_halt(config, cluster, ns, n).await?;
+    let (halt_seconds, halted) = (halted.seconds, halted.runs);
+    let ideal = match driver {
+        Driver::Ours => None,
+        Driver::Ideal => {
+            bed.stop_controller().await;
+            let ideal = start_ideal(ns).await?;
+            say("our controller stopped; the ideal controller acts on the approvals".into());
+            Some(ideal)
+        }
+    };
+    let seen = bed.seen.clone();
+    let check = |bed: &mut Bed| -> Result<(), BenchError> {
+        bed.check_alive()?;
+        check_ideal(ideal.as_ref())
+    };
     say(format!(
         "{}/{n} halted in {halt_seconds:.1} s; baseline before the burst ({} samples)",
         halted.len(),
@@ -200,32 +110,52 @@ pub(crate) async fn cycle(
         stop.clone(),
     ));
     let requests: Api<ApprovalRequest> = Api::namespaced(cluster.alice.clone(), &ns.name);
-    let decision = json!({"spec": {
-        "decision": "Approved",
-        "approverId": APPROVER,
-        "reason": "benchmark: approved in one burst",
-    }});
-    let outcomes: Vec<(String, Result<Instant, kube::Error>)> = stream::iter(halted.iter())
-        .map(|run| {
-            let (requests, decision) = (&requests, &decision);
-            async move {
-                let name = agentrun::crd::approval_request_name(run, TOOL_CALL_ID);
-                let result = requests
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(decision))
-                    .await
-                    .map(|_| Instant::now());
-                (run.clone(), result)
-            }
-        })
-        .buffer_unordered(config.concurrency)
-        .collect()
-        .await;
+    let decision = approval_patch();
+    let burst_size = match config.burst_size {
+        0 => halted.len(),
+        size => size,
+    };
+    let mut outcomes: Vec<(String, Result<Instant, kube::Error>)> = Vec::new();
+    for (index, chunk) in halted.chunks(burst_size).enumerate() {
+        if index > 0 {
+            // The next burst once every Pod of the previous one exists.
+            wait_for(
+                "the worker Pods of the previous burst",
+                config.timeout,
+                || {
+                    check(&mut bed)?;
+                    let missing = outcomes
+                        .iter()
+                        .filter(|(run, _)| seen.pod_seen(&worker_pod_name(run, 1, 0)).is_none())
+                        .count();
+                    Ok((missing > 0).then(|| format!("{missing} missing")))
+                },
+            )
+            .await?;
+        }
+        let results: Vec<(String, Result<Instant, kube::Error>)> = stream::iter(chunk)
+            .map(|run| {
+                let (requests, decision) = (&requests, &decision);
+                async move {
+                    let name = agentrun::crd::approval_request_name(run, TOOL_CALL_ID);
+                    let result = requests
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(decision))
+                        .await
+                        .map(|_| Instant::now());
+                    (run.clone(), result)
+                }
+            })
+            .buffer_unordered(config.concurrency)
+            .collect()
+            .await;
+        outcomes.extend(results);
+    }
     let approve_seconds = burst.elapsed().as_secs_f64();
     let mut approvals = Vec::new();
     let mut approval_errors = Vec::new();
     for (run, result) in outcomes {
         match result {
-            Ok(at) => approvals.push((agentrun::crd::worker_pod_name(&run, 1, 0), run, at)),
+            Ok(at) => approvals.push((worker_pod_name(&run, 1, 0), run, at)),
             Err(e) => approval_errors.push(format!("{run}: {e}")),
         }
     }
@@ -239,7 +169,7 @@ pub(crate) async fn cycle(
         "the next worker Pod of every approved run",
         config.timeout,
         || {
-            controller.process.check_alive()?;
+            check(&mut bed)?;
             let missing = approvals
                 .iter()
                 .filter(|(pod, _, _)| seen.pod_seen(pod).is_none())
@@ -254,28 +184,22 @@ pub(crate) async fn cycle(
     pods_result?;
     say("every next worker Pod created; waiting for the runs to finish".into());
 
+    let approved: Vec<String> = approvals.iter().map(|(_, run, _)| run.clone()).collect();
     wait_for("every approved run to finish", config.timeout, || {
-        controller.process.check_alive()?;
-        kubelet.check_alive()?;
-        let runs = seen.runs();
-        let done = approvals
-            .iter()
-            .filter(|(_, run, _)| runs.get(run).is_some_and(|s| s.terminal.is_some()))
-            .count();
-        Ok((done < approvals.len()).then(|| format!("{done}/{} finished", approvals.len())))
+        check(&mut bed)?;
+        let (done, _) = bed.finished(&approved);
+        Ok((done < approved.len()).then(|| format!("{done}/{} finished", approved.len())))
     })
     .await?;
     let runs_seen = seen.runs();
-    let finished_at = approvals
-        .iter()
-        .filter_map(|(_, run, _)| runs_seen.get(run)?.terminal)
-        .filter(|(_, ok)| *ok)
-        .map(|(at, _)| at)
-        .max();
+    let (_, finished_at) = bed.finished(&approved);
     let complete_seconds = finished_at.map_or(0.0, |at| (at - burst).as_secs_f64());
     // Let the last Events and status writes land before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let controller_memory = controller.process.memory()?;
+    let controller_memory = match &bed.controller {
+        Some(controller) => controller.process.memory()?,
+        None => Memory::default(),
+    };
     let tool_calls = tools.request_count() as u64 - calls_before;
 
     let starts: Vec<(String, Instant)> = approvals
@@ -283,6 +207,11 @@ pub(crate) async fn cycle(
         .map(|(pod, _, at)| (pod.clone(), *at))
         .collect();
     let (latency_ms, early_pods) = latencies(&seen, &starts, Duration::from_secs(1)).await;
+    let approved_at: Vec<(String, Instant)> = approvals
+        .iter()
+        .map(|(_, run, at)| (run.clone(), *at))
+        .collect();
+    let (to_resumed, resumed_to_pod) = phases(&seen, &approved_at);
     let (live_ms, _) = latencies(&seen, &live_samples, Duration::from_secs(120)).await;
     let requests = count_audit_since(
         &cluster.env.audit_log,
@@ -297,8 +226,24 @@ pub(crate) async fn cycle(
         .filter(|(name, at)| name.starts_with(RUN_PREFIX) && **at >= burst)
         .count() as u64;
 
-    controller.process.stop().await;
-    kubelet.stop().await;
+    // A fresh controller with every run of the cycle present: how long until it is ready.
+    let ready_again = match driver {
+        Driver::Ours => {
+            bed.stop_controller().await;
+            let (mut controller, started) =
+                Controller::start(config, ns, "controller-restarted.log").await?;
+            controller.wait_ready(config.timeout).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            let memory = controller.process.memory()?;
+            controller.process.stop().await;
+            Some((seconds, memory))
+        }
+        Driver::Ideal => None,
+    };
+    bed.stop_controller().await;
+    let ideal_writes = ideal.as_ref().map(IdealController::writes);
+    drop(ideal);
+    bed.kubelet.stop().await;
 
     let succeeded = runs_seen
         .values()
@@ -318,6 +263,8 @@ pub(crate) async fn cycle(
         halt_seconds,
         approve_seconds,
         latency: Percentiles::of(&latency_ms),
+        to_resumed: Percentiles::of(&to_resumed),
+        resumed_to_pod: Percentiles::of(&resumed_to_pod),
         early_pods,
         baseline: Percentiles::of(&live_ms),
         baseline_quiet: Percentiles::of(&quiet_ms),
@@ -335,6 +282,9 @@ pub(crate) async fn cycle(
         ),
         tool_calls,
         controller_memory,
+        ready_again,
+        ideal_writes,
+        ideal: None,
     };
     say(format!(
         "done: p99 {} (baseline {}), {} runs/s, {} writes per cycle, controller peak {}",

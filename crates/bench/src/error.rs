@@ -52,6 +52,9 @@ pub enum BenchError {
         /// Its error output.
         message: String,
     },
+    /// A write of the ideal controller failed.
+    #[error("the ideal controller failed: {0}")]
+    Ideal(String),
     /// Something did not happen in time.
     #[error("timed out after {seconds} s waiting for {what} ({progress})")]
     Timeout {

@@ -14,6 +14,13 @@
 //!   counted from the Pod watch and Event writes from the Events it published;
 //! - the controller's peak RSS (`VmHWM` of the child process).
 //!
+//! Each cycle is then replayed, in a namespace of its own, through an ideal controller
+//! (`ideal.rs`: a watch on requests and, per decision, only the writes the design cannot avoid),
+//! with the same N, burst and dev-kubelet limits, and the table compares the two (`ratio
+//! ours/ideal p99`, `ratio ours/ideal runs/s`). After each of our cycles a fresh controller starts
+//! with the cycle's runs present and the time until it is ready is reported. Single approvals on
+//! an idle system (one at a time) are compared with one patch + create timed the same way.
+//!
 //! Then it creates `idle_runs` runs already in `AwaitingApproval` holding states of
 //! `idle_state_kib` KiB each (no workers), starts a fresh controller and reports its RSS once its
 //! caches are synced, after an observation period, and once it settled.
@@ -25,17 +32,20 @@
 
 mod audit;
 mod baseline;
+mod bed;
 pub mod cli;
 mod cluster;
 mod config;
 mod cycle;
 mod error;
+mod ideal;
 mod idle;
 mod objects;
 mod observe;
 mod process;
 mod report;
 mod run;
+mod single;
 mod state;
 mod stats;
 mod table;
@@ -47,7 +57,7 @@ pub use audit::{
 pub use config::BenchConfig;
 pub use error::BenchError;
 pub use process::{Memory, metric_value, parse_proc_status, process_memory};
-pub use report::{BenchReport, CycleReport, IdleEnd, IdleReport};
+pub use report::{BenchReport, CycleReport, IdleEnd, IdleReport, SingleReport};
 pub use run::run;
 pub use state::padded_state;
 pub use stats::{Percentiles, percentile, ratio};
@@ -55,6 +65,14 @@ pub use table::Table;
 
 /// The p99 latency ratio (ours / baseline) the operator aims to stay under at 1000 pending runs.
 pub const GOAL_P99_RATIO: f64 = 2.0;
+/// The p99 latency ratio (ours / ideal controller) aimed for at N=1000.
+pub const GOAL_IDEAL_P99_RATIO: f64 = 1.25;
+/// The share of the ideal controller's runs per second aimed for at N=1000.
+pub const GOAL_IDEAL_RUNS_PER_SECOND: f64 = 0.9;
+/// The p99 ratio (single approval on an idle system / one patch + create) aimed for.
+pub const GOAL_SINGLE_P99_RATIO: f64 = 3.0;
+/// The seconds a fresh controller may take to be ready with every run present.
+pub const GOAL_READY_SECONDS: f64 = 10.0;
 /// The API writes per approval cycle the controller aims to stay under.
 pub const GOAL_WRITES_PER_CYCLE: f64 = 4.0;
 /// The controller RSS (MiB) aimed for with 10,000 idle runs.

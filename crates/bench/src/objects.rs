@@ -65,6 +65,15 @@ pub(crate) fn run_object(ns: &str, name: &str) -> Result<AgentRun, BenchError> {
     .map_err(|e| BenchError::Config(format!("the benchmark AgentRun: {e}")))
 }
 
+/// alice's merge patch approving a request.
+pub(crate) fn approval_patch() -> serde_json::Value {
+    json!({"spec": {
+        "decision": "Approved",
+        "approverId": crate::APPROVER,
+        "reason": "benchmark: approved",
+    }})
+}
+
 /// The name of the `i`-th run (`run-00042`).
 pub(crate) fn run_name(i: usize) -> String {
     format!("{RUN_PREFIX}{i:05}")

@@ -30,6 +30,8 @@ pub(crate) struct Observations {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RunSeen {
     pub(crate) awaiting: Option<Instant>,
+    /// When it was first seen running its next step (the decision applied to its state).
+    pub(crate) resumed: Option<Instant>,
     /// When it was first seen terminal, and whether it succeeded.
     pub(crate) terminal: Option<(Instant, bool)>,
 }
@@ -47,7 +49,7 @@ impl Observations {
 /// Watches `api`, calling `seen` with each object applied (or listed) and the moment it arrived,
 /// and `synced` once the initial listing is done. A failed watch is retried until the task is
 /// aborted (when the returned handle drops).
-fn watch<K, F, S>(api: Api<K>, mut seen: F, synced: S) -> AbortOnDropHandle<()>
+pub(crate) fn watch<K, F, S>(api: Api<K>, mut seen: F, synced: S) -> AbortOnDropHandle<()>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     F: FnMut(K, Instant) + Send + 'static,
@@ -98,11 +100,15 @@ pub(crate) fn watch_runs(
     let synced = move || done.runs_synced.store(true, Ordering::Relaxed);
     let record = move |run: AgentRun, now: Instant| {
         let phase = run.status.as_ref().and_then(|s| s.phase);
+        let step = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
         let mut runs = lock(&seen.runs);
         let entry = runs.entry(run.name_any()).or_default();
         match phase {
             Some(AgentRunPhase::AwaitingApproval) => {
                 entry.awaiting.get_or_insert(now);
+            }
+            Some(AgentRunPhase::Running) if step > 0 => {
+                entry.resumed.get_or_insert(now);
             }
             Some(p) if p.is_terminal() => {
                 entry
@@ -113,6 +119,21 @@ pub(crate) fn watch_runs(
         }
     };
     watch(api, record, synced)
+}
+
+/// Per approval (run, approval returned): ms from the approval to the run first seen resumed
+/// (its new state written), and from then to its next worker Pod first seen.
+pub(crate) fn phases(seen: &Observations, approvals: &[(String, Instant)]) -> (Vec<f64>, Vec<f64>) {
+    let runs = seen.runs();
+    let ms = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1000.0;
+    approvals
+        .iter()
+        .filter_map(|(run, approved)| {
+            let resumed = runs.get(run)?.resumed?;
+            let pod = seen.pod_seen(&agentrun::crd::worker_pod_name(run, 1, 0))?;
+            Some((ms(*approved, resumed), ms(resumed, pod)))
+        })
+        .unzip()
 }
 
 /// Latencies (ms) from each start to the first sight of its Pod, waiting a bounded time for the

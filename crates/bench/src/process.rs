@@ -167,6 +167,9 @@ impl Controller {
                 &ns.name,
                 "--metrics-addr",
                 &addr,
+                // Its signing keys and published JWKS live in the bench namespace too.
+                "--controller-namespace",
+                &ns.name,
             ],
             &[("KUBECONFIG", ns.controller_kubeconfig.as_os_str())],
             ns.dir.join(log_name),

@@ -6,7 +6,13 @@ use crate::audit::RequestCounts;
 use crate::process::Memory;
 use crate::stats::{Percentiles, ratio};
 use crate::table::Table;
-use crate::{GOAL_IDLE_RSS_MIB, GOAL_P99_RATIO, GOAL_WRITES_PER_CYCLE};
+use crate::{
+    GOAL_IDEAL_P99_RATIO, GOAL_IDEAL_RUNS_PER_SECOND, GOAL_IDLE_RSS_MIB, GOAL_P99_RATIO,
+    GOAL_READY_SECONDS, GOAL_SINGLE_P99_RATIO, GOAL_WRITES_PER_CYCLE,
+};
+
+/// The run count at which the ideal-controller goals apply (and above).
+const IDEAL_GOAL_AT: usize = 1000;
 
 /// The figures of one approval cycle of N runs.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,6 +35,10 @@ pub struct CycleReport {
     pub approve_seconds: f64,
     /// Approval → next worker Pod, milliseconds.
     pub latency: Option<Percentiles>,
+    /// Approval -> the run first seen with its new state (the decision applied), ms.
+    pub to_resumed: Option<Percentiles>,
+    /// The run first seen with its new state -> its next worker Pod first seen, ms.
+    pub resumed_to_pod: Option<Percentiles>,
     /// Pods seen before their approval's patch returned (counted as 0 ms).
     pub early_pods: usize,
     /// The baseline sampled during the approval burst (same moment), milliseconds.
@@ -49,8 +59,15 @@ pub struct CycleReport {
     pub completion_event_writes: u64,
     /// Tool calls the loopback tool server received during the cycle.
     pub tool_calls: u64,
-    /// The controller's memory at the end of the cycle.
+    /// The controller's memory at the end of the cycle (ours only).
     pub controller_memory: Memory,
+    /// A fresh controller started after the cycle, with every run present: seconds until it
+    /// was ready (caches synced), and its memory then (ours only).
+    pub ready_again: Option<(f64, Memory)>,
+    /// The writes the ideal controller counted itself (the ideal replay only).
+    pub ideal_writes: Option<u64>,
+    /// The same cycle with the ideal controller acting on the approvals, if it was replayed.
+    pub ideal: Option<Box<CycleReport>>,
 }
 
 impl CycleReport {
@@ -90,6 +107,114 @@ impl CycleReport {
     /// Every API request of the controller per approval cycle (reads and writes).
     pub fn requests_per_cycle(&self) -> Option<f64> {
         self.per_cycle(self.requests.total() + self.pod_creates + self.event_writes)
+    }
+}
+
+/// Single approvals on an idle system, one at a time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SingleReport {
+    /// Approvals made.
+    pub approvals: usize,
+    /// Runs that finished.
+    pub finished: usize,
+    /// Approval -> next worker Pod, milliseconds.
+    pub latency: Option<Percentiles>,
+    /// One patch + one create, one at a time, timed the same way, milliseconds.
+    pub baseline: Option<Percentiles>,
+    /// Approval -> the run first seen with its new state, ms.
+    pub to_resumed: Option<Percentiles>,
+    /// The run first seen with its new state -> its next worker Pod first seen, ms.
+    pub resumed_to_pod: Option<Percentiles>,
+    /// The same single approvals acted on by the ideal controller, if replayed.
+    pub ideal: Option<Box<SingleReport>>,
+}
+
+impl SingleReport {
+    /// The p99 ratio against one patch + create.
+    pub fn p99_ratio(&self) -> Option<f64> {
+        ratio(self.latency?.p99, self.baseline?.p99)
+    }
+
+    /// Its own table: metric, value, goal, met.
+    pub fn table(&self) -> Table {
+        let mut table = Table::new(
+            ["single approvals on an idle system", "value", "goal", "met"]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+        let pair = |p: Option<Percentiles>| match p {
+            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
+            None => "n/a".into(),
+        };
+        table.row(vec![
+            "approvals made one at a time / runs finished".into(),
+            format!("{} / {}", self.approvals, self.finished),
+            String::new(),
+            String::new(),
+        ]);
+        table.row(vec![
+            "approval -> worker Pod p50 / p99".into(),
+            pair(self.latency),
+            String::new(),
+            String::new(),
+        ]);
+        table.row(vec![
+            "one patch + create p50 / p99".into(),
+            pair(self.baseline),
+            String::new(),
+            String::new(),
+        ]);
+        table.row(vec![
+            "  approval -> run state written p50 / p99".into(),
+            pair(self.to_resumed),
+            String::new(),
+            String::new(),
+        ]);
+        table.row(vec![
+            "  run state written -> worker Pod p50 / p99".into(),
+            pair(self.resumed_to_pod),
+            String::new(),
+            String::new(),
+        ]);
+        if let Some(ideal) = self.ideal.as_deref() {
+            for (name, value) in [
+                (
+                    "ideal controller: approval -> worker Pod p50 / p99",
+                    ideal.latency,
+                ),
+                (
+                    "  approval -> run state written p50 / p99",
+                    ideal.to_resumed,
+                ),
+                (
+                    "  run state written -> worker Pod p50 / p99",
+                    ideal.resumed_to_pod,
+                ),
+            ] {
+                table.row(vec![name.into(), pair(value), String::new(), String::new()]);
+            }
+            table.row(vec![
+                "ratio ours/ideal p99 (single approvals)".into(),
+                times(
+                    self.latency
+                        .zip(ideal.latency)
+                        .and_then(|(o, i)| ratio(o.p99, i.p99)),
+                ),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        let ratio = self.p99_ratio();
+        table.row(vec![
+            "ratio single approval / patch+create p99".into(),
+            times(ratio),
+            format!("<= {GOAL_SINGLE_P99_RATIO}x"),
+            verdict(&[(
+                "single".to_owned(),
+                ratio.map(|r| r <= GOAL_SINGLE_P99_RATIO),
+            )]),
+        ]);
+        table
     }
 }
 
@@ -133,12 +258,17 @@ pub struct BenchReport {
     pub cycles: Vec<CycleReport>,
     /// The idle measurement, if made.
     pub idle: Option<IdleReport>,
+    /// The single approvals, if made.
+    pub single: Option<SingleReport>,
     /// Worker Pods the dev kubelet ran at once (0: no limit).
     pub kubelet_max_pods: usize,
 }
 
 /// Whether a cycle meets a goal (`None`: not measured).
 type GoalCheck = dyn Fn(&CycleReport) -> Option<bool>;
+
+/// Adds a row of per-cycle cells: `(name, cell, goal, check)`.
+type RowSink<'a> = dyn FnMut(&str, &dyn Fn(&CycleReport) -> String, &str, Option<&GoalCheck>) + 'a;
 
 pub(crate) fn ms(value: f64) -> String {
     if value >= 100.0 {
@@ -255,6 +385,24 @@ impl BenchReport {
                 None,
             );
         }
+        let pair = |p: Option<Percentiles>| match p {
+            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
+            None => "n/a".into(),
+        };
+        cycle_row(
+            &mut table,
+            "  approval -> run state written p50 / p99",
+            &|c| pair(c.to_resumed),
+            "",
+            None,
+        );
+        cycle_row(
+            &mut table,
+            "  run state written -> worker Pod p50 / p99",
+            &|c| pair(c.resumed_to_pod),
+            "",
+            None,
+        );
         for (name, pick) in picks {
             cycle_row(
                 &mut table,
@@ -309,6 +457,9 @@ impl BenchReport {
             "",
             None,
         );
+        self.ideal_rows(&mut |name, cell, goal, check| {
+            cycle_row(&mut table, name, cell, goal, check)
+        });
         cycle_row(
             &mut table,
             "controller API writes per approval cycle",
@@ -358,6 +509,17 @@ impl BenchReport {
             &|c| mib(c.controller_memory.peak_kib),
             "",
             None,
+        );
+        cycle_row(
+            &mut table,
+            "fresh controller ready with the N runs present",
+            &|c| {
+                c.ready_again.map_or("n/a".into(), |(s, m)| {
+                    format!("{s:.1} s, {}", mib(m.rss_kib))
+                })
+            },
+            &format!("< {GOAL_READY_SECONDS:.0} s"),
+            Some(&|c| c.ready_again.map(|(s, _)| s < GOAL_READY_SECONDS)),
         );
         if let Some(idle) = &self.idle {
             let idle_row = |table: &mut Table, name: &str, value: String, ok: Option<bool>| {
@@ -409,9 +571,102 @@ impl BenchReport {
         table
     }
 
+    /// The rows comparing ours with the ideal controller, through `row(name, cell, goal, check)`.
+    fn ideal_rows(&self, row: &mut RowSink<'_>) {
+        if self.cycles.iter().all(|c| c.ideal.is_none()) {
+            return;
+        }
+        type Pick = fn(&Percentiles) -> f64;
+        let picks: [(&str, Pick); 3] = [("p50", |p| p.p50), ("p95", |p| p.p95), ("p99", |p| p.p99)];
+        for (name, pick) in picks {
+            row(
+                &format!("ideal controller: approval -> worker Pod {name}"),
+                &|c| match c.ideal.as_ref().and_then(|i| i.latency) {
+                    Some(p) => ms(pick(&p)),
+                    None => "n/a".into(),
+                },
+                "",
+                None,
+            );
+        }
+        let pair = |p: Option<Percentiles>| match p {
+            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
+            None => "n/a".into(),
+        };
+        row(
+            "  ideal: approval -> run state written p50 / p99",
+            &|c| pair(c.ideal.as_ref().and_then(|i| i.to_resumed)),
+            "",
+            None,
+        );
+        row(
+            "  ideal: run state written -> worker Pod p50 / p99",
+            &|c| pair(c.ideal.as_ref().and_then(|i| i.resumed_to_pod)),
+            "",
+            None,
+        );
+        let at_goal =
+            |c: &CycleReport, ok: Option<bool>| (c.runs >= IDEAL_GOAL_AT).then_some(ok).flatten();
+        for (name, pick) in picks {
+            let ratio_of = move |c: &CycleReport| -> Option<f64> {
+                ratio(pick(&c.latency?), pick(&c.ideal.as_ref()?.latency?))
+            };
+            let goal =
+                move |c: &CycleReport| at_goal(c, ratio_of(c).map(|r| r <= GOAL_IDEAL_P99_RATIO));
+            let is_p99 = name == "p99";
+            row(
+                &format!("ratio ours/ideal {name}"),
+                &|c| times(ratio_of(c)),
+                if is_p99 { "<= 1.25x at N=1000" } else { "" },
+                if is_p99 { Some(&goal) } else { None },
+            );
+        }
+        row(
+            "ideal controller: runs completed per second",
+            &|c| opt(c.ideal.as_ref().and_then(|i| i.runs_per_second()), "/s"),
+            "",
+            None,
+        );
+        let share = |c: &CycleReport| -> Option<f64> {
+            ratio(c.runs_per_second()?, c.ideal.as_ref()?.runs_per_second()?)
+        };
+        row(
+            "ratio ours/ideal runs/s",
+            &|c| times(share(c)),
+            ">= 0.9x at N=1000",
+            Some(&move |c| at_goal(c, share(c).map(|r| r >= GOAL_IDEAL_RUNS_PER_SECOND))),
+        );
+        row(
+            "ideal controller: writes per approval cycle / finishing a run",
+            &|c| match c.ideal.as_deref() {
+                Some(i) => format!(
+                    "{} / {}",
+                    opt(i.writes_per_cycle(), ""),
+                    opt(i.completion_writes_per_run(), "")
+                ),
+                None => "n/a".into(),
+            },
+            "",
+            None,
+        );
+        row(
+            "ideal controller: runs halted / approved / succeeded / failed",
+            &|c| match c.ideal.as_deref() {
+                Some(i) => format!("{}/{}/{}/{}", i.halted, i.approved, i.succeeded, i.failed),
+                None => "n/a".into(),
+            },
+            "",
+            None,
+        );
+    }
+
     /// The table, then per run count the controller's requests by verb and resource.
     pub fn render(&self) -> String {
         let mut out = self.table().render();
+        if let Some(single) = &self.single {
+            out.push('\n');
+            out.push_str(&single.table().render());
+        }
         let _ = write!(
             out,
             "\nworker Pods run at once by the dev kubelet (its node's maxPods): {}",
@@ -445,6 +700,24 @@ impl BenchReport {
                 c.baseline_quiet.map_or(0, |p| p.count),
                 c.baseline_errors
             );
+            if let Some(i) = c.ideal.as_deref() {
+                let mut parts: Vec<String> = i
+                    .requests
+                    .by_kind
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect();
+                parts.push(format!("create pods {}", i.pod_creates));
+                let _ = write!(
+                    out,
+                    "\nN={}: ideal controller requests ({} approvals): {}; writes it counted itself {}; tool calls {}",
+                    c.runs,
+                    i.approved,
+                    parts.join(", "),
+                    i.ideal_writes.unwrap_or_default(),
+                    i.tool_calls
+                );
+            }
             if let Some(first) = c.approval_errors.first() {
                 let _ = write!(
                     out,
@@ -467,107 +740,5 @@ impl BenchReport {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cycle_report(runs: usize, p99: f64, baseline_p99: f64, writes: u64) -> CycleReport {
-        let mut requests = RequestCounts::default();
-        requests.add("patch", "agentruns/status", writes);
-        requests.add("get", "agentruns", runs as u64);
-        CycleReport {
-            runs,
-            halted: runs,
-            approved: runs,
-            succeeded: runs,
-            latency: Percentiles::of(&[p99 / 2.0, p99]),
-            baseline: Percentiles::of(&[baseline_p99 / 2.0, baseline_p99]),
-            complete_seconds: 10.0,
-            requests,
-            pod_creates: runs as u64,
-            event_writes: runs as u64,
-            controller_memory: Memory {
-                rss_kib: 30 * 1024,
-                peak_kib: 40 * 1024,
-            },
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn report_table_checks_the_goals_per_column() {
-        let report = BenchReport {
-            cycles: vec![
-                cycle_report(100, 30.0, 20.0, 200),
-                cycle_report(1000, 90.0, 30.0, 2000),
-            ],
-            idle: Some(IdleReport {
-                runs: 10000,
-                state_bytes: 65536,
-                synced_seconds: 12.0,
-                at_synced: Memory {
-                    rss_kib: 100 * 1024,
-                    peak_kib: 200 * 1024,
-                },
-                observe_seconds: 30.0,
-                after_observe: Memory {
-                    rss_kib: 90 * 1024,
-                    peak_kib: 200 * 1024,
-                },
-                end: IdleEnd {
-                    seconds: 630.0,
-                    pending: 4200,
-                    memory: Memory {
-                        rss_kib: 120 * 1024,
-                        peak_kib: 200 * 1024,
-                    },
-                },
-                peak_kib: 200 * 1024,
-            }),
-            kubelet_max_pods: 16,
-        };
-        let text = report.render();
-        let row = |prefix: &str| -> Vec<String> {
-            text.lines()
-                .find(|l| l.starts_with(prefix))
-                .unwrap_or_else(|| panic!("no row {prefix} in\n{text}"))
-                .split(" | ")
-                .map(|c| c.trim().to_owned())
-                .collect()
-        };
-        assert_eq!(
-            row("metric"),
-            [
-                "metric",
-                "N=100",
-                "N=1000",
-                "idle 10000 x 64 KiB",
-                "goal",
-                "met"
-            ]
-        );
-        // p99 ratios 1.5x and 3x: the goal fails at N=1000 only.
-        let p99 = row("ratio ours/baseline p99");
-        assert_eq!(p99[1..4], ["1.50x", "3.00x", "-"]);
-        assert_eq!(p99[5], "no (N=1000)");
-        // 2 status patches + 1 Pod + 1 Event per cycle = 4.
-        let writes = row("controller API writes per approval cycle");
-        assert_eq!(writes[1..3], ["4.00", "4.00"]);
-        assert_eq!(writes[5], "yes");
-        assert_eq!(row("  of which")[1], "2.00 / 1.00 / 1.00");
-        assert_eq!(
-            row("controller API requests per approved run, in all")[1],
-            "5.00"
-        );
-        assert_eq!(row("runs completed per second")[2], "100.00/s");
-        assert_eq!(
-            row("idle RSS at caches synced")[3..6],
-            ["100.0 MiB", "< 150 MiB", "yes"]
-        );
-        assert_eq!(
-            row("idle RSS at 630 s, not settled (4200/10000 requests pending)")[3..6],
-            ["120.0 MiB", "< 150 MiB", "yes"]
-        );
-        assert_eq!(row("idle peak RSS")[5], "no (idle)");
-        assert!(text.contains("N=1000: controller requests during the approval cycle (1000 approvals): get agentruns 1000, patch agentruns/status 2000, create pods 1000, write events 1000"));
-    }
-}
+#[path = "report_tests.rs"]
+mod tests;

@@ -7,11 +7,12 @@ use agentrun_testkit::tool_server::{ToolReply, ToolServer};
 use agentrun_testkit::wait::poll_until;
 use serde_json::json;
 
-use crate::cluster::{Cluster, create_namespace, remove_namespace};
-use crate::cycle::cycle;
+use crate::cluster::{BenchNamespace, Cluster, create_namespace, remove_namespace};
+use crate::cycle::{Driver, cycle};
 use crate::error::io_error;
 use crate::idle::idle;
 use crate::objects::TOOL_PATH;
+use crate::single::single;
 use crate::{BenchConfig, BenchError, BenchReport};
 
 /// Progress lines on stderr, stamped with the time since the start.
@@ -57,41 +58,90 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         kubelet_max_pods: config.kubelet_max_pods,
         ..Default::default()
     };
+    let (cluster, tools, progress) = (&cluster, &tools, &progress);
     for &n in config.runs.iter().filter(|&&n| n > 0) {
-        let ns = create_namespace(&cluster, config, &format!("bench-{n}")).await?;
-        progress.say(format!("N={n}: namespace {}", ns.name));
-        let result = cycle(config, &cluster, &tools, &progress, &ns, n).await;
-        remove_namespace(&cluster, config, &ns.name, &progress).await;
-        match result {
-            Ok(cycle) => {
-                let _ = std::fs::remove_dir_all(&ns.dir);
-                report.cycles.push(cycle);
-            }
-            Err(e) => {
-                progress.say(format!("N={n}: logs kept in {}", ns.dir.display()));
-                return Err(e);
-            }
+        let mut ours = phase(
+            config,
+            cluster,
+            progress,
+            &format!("bench-{n}"),
+            |ns| async move { cycle(config, cluster, tools, progress, &ns, n, Driver::Ours).await },
+        )
+        .await?;
+        if config.ideal {
+            let ideal =
+                phase(
+                    config,
+                    cluster,
+                    progress,
+                    &format!("bench-ideal-{n}"),
+                    |ns| async move {
+                        cycle(config, cluster, tools, progress, &ns, n, Driver::Ideal).await
+                    },
+                )
+                .await?;
+            ours.ideal = Some(Box::new(ideal));
         }
+        report.cycles.push(ours);
+    }
+    if config.single_approvals > 0 {
+        let n = config.single_approvals;
+        let mut ours = phase(config, cluster, progress, "bench-single", |ns| async move {
+            single(config, cluster, tools, progress, &ns, n, Driver::Ours).await
+        })
+        .await?;
+        if config.ideal {
+            let ideal = phase(
+                config,
+                cluster,
+                progress,
+                "bench-single-ideal",
+                |ns| async move {
+                    single(config, cluster, tools, progress, &ns, n, Driver::Ideal).await
+                },
+            )
+            .await?;
+            ours.ideal = Some(Box::new(ideal));
+        }
+        report.single = Some(ours);
     }
     if config.idle_runs > 0 {
-        let ns = create_namespace(&cluster, config, "bench-idle").await?;
-        progress.say(format!("idle: namespace {}", ns.name));
-        let result = idle(config, &cluster, &tools, &progress, &ns).await;
-        remove_namespace(&cluster, config, &ns.name, &progress).await;
-        match result {
-            Ok(idle) => {
-                let _ = std::fs::remove_dir_all(&ns.dir);
-                report.idle = Some(idle);
-            }
-            Err(e) => {
-                progress.say(format!("idle: logs kept in {}", ns.dir.display()));
-                return Err(e);
-            }
-        }
+        report.idle = Some(
+            phase(config, cluster, progress, "bench-idle", |ns| async move {
+                idle(config, cluster, tools, progress, &ns).await
+            })
+            .await?,
+        );
     }
     // The work folder is empty once every phase succeeded.
     let _ = std::fs::remove_dir(&config.work_dir);
     Ok(report)
+}
+
+/// Runs one phase in a namespace of its own, removed afterwards; the phase's work folder is
+/// removed when it succeeded and kept (with its logs) when it failed.
+async fn phase<T, F, Fut>(
+    config: &BenchConfig,
+    cluster: &Cluster,
+    progress: &Progress,
+    prefix: &str,
+    measure: F,
+) -> Result<T, BenchError>
+where
+    F: FnOnce(BenchNamespace) -> Fut,
+    Fut: std::future::Future<Output = Result<T, BenchError>>,
+{
+    let ns = create_namespace(cluster, config, prefix).await?;
+    progress.say(format!("{prefix}: namespace {}", ns.name));
+    let result = measure(ns.clone()).await;
+    remove_namespace(cluster, config, &ns.name, progress).await;
+    match &result {
+        Ok(_) => {
+            let _ = std::fs::remove_dir_all(&ns.dir);
+        }
+        Err(_) => progress.say(format!("{prefix}: logs kept in {}", ns.dir.display())),
+    }
+    result
 }
 
 /// Waits up to `timeout` for `check` to report nothing left to wait for (`None`); it reports the

@@ -142,10 +142,6 @@ impl SingleReport {
                 .map(str::to_owned)
                 .to_vec(),
         );
-        let pair = |p: Option<Percentiles>| match p {
-            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
-            None => "n/a".into(),
-        };
         table.row(vec![
             "approvals made one at a time / runs finished".into(),
             format!("{} / {}", self.approvals, self.finished),
@@ -154,25 +150,25 @@ impl SingleReport {
         ]);
         table.row(vec![
             "approval -> worker Pod p50 / p99".into(),
-            pair(self.latency),
+            p50_p99(self.latency),
             String::new(),
             String::new(),
         ]);
         table.row(vec![
             "one patch + create p50 / p99".into(),
-            pair(self.baseline),
+            p50_p99(self.baseline),
             String::new(),
             String::new(),
         ]);
         table.row(vec![
             "  approval -> run state written p50 / p99".into(),
-            pair(self.to_resumed),
+            p50_p99(self.to_resumed),
             String::new(),
             String::new(),
         ]);
         table.row(vec![
             "  run state written -> worker Pod p50 / p99".into(),
-            pair(self.resumed_to_pod),
+            p50_p99(self.resumed_to_pod),
             String::new(),
             String::new(),
         ]);
@@ -191,7 +187,12 @@ impl SingleReport {
                     ideal.resumed_to_pod,
                 ),
             ] {
-                table.row(vec![name.into(), pair(value), String::new(), String::new()]);
+                table.row(vec![
+                    name.into(),
+                    p50_p99(value),
+                    String::new(),
+                    String::new(),
+                ]);
             }
             table.row(vec![
                 "ratio ours/ideal p99 (single approvals)".into(),
@@ -275,6 +276,14 @@ pub(crate) fn ms(value: f64) -> String {
         format!("{value:.0} ms")
     } else {
         format!("{value:.1} ms")
+    }
+}
+
+/// `p50 / p99` of `p`, or `n/a`.
+fn p50_p99(p: Option<Percentiles>) -> String {
+    match p {
+        Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
+        None => "n/a".into(),
     }
 }
 
@@ -385,21 +394,17 @@ impl BenchReport {
                 None,
             );
         }
-        let pair = |p: Option<Percentiles>| match p {
-            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
-            None => "n/a".into(),
-        };
         cycle_row(
             &mut table,
             "  approval -> run state written p50 / p99",
-            &|c| pair(c.to_resumed),
+            &|c| p50_p99(c.to_resumed),
             "",
             None,
         );
         cycle_row(
             &mut table,
             "  run state written -> worker Pod p50 / p99",
-            &|c| pair(c.resumed_to_pod),
+            &|c| p50_p99(c.resumed_to_pod),
             "",
             None,
         );
@@ -589,19 +594,15 @@ impl BenchReport {
                 None,
             );
         }
-        let pair = |p: Option<Percentiles>| match p {
-            Some(p) => format!("{} / {}", ms(p.p50), ms(p.p99)),
-            None => "n/a".into(),
-        };
         row(
             "  ideal: approval -> run state written p50 / p99",
-            &|c| pair(c.ideal.as_ref().and_then(|i| i.to_resumed)),
+            &|c| p50_p99(c.ideal.as_ref().and_then(|i| i.to_resumed)),
             "",
             None,
         );
         row(
             "  ideal: run state written -> worker Pod p50 / p99",
-            &|c| pair(c.ideal.as_ref().and_then(|i| i.resumed_to_pod)),
+            &|c| p50_p99(c.ideal.as_ref().and_then(|i| i.resumed_to_pod)),
             "",
             None,
         );

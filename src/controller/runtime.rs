@@ -183,7 +183,7 @@ async fn run_controllers(
         watcher::Config::default().labels(&managed_by),
     )
     .default_backoff()
-    .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+    .modify(strip_pod)
     .reflect(pod_writer)
     .inspect_ok(synced(&probe, PODS))
     .touched_objects();
@@ -381,6 +381,36 @@ fn strip_run(run: &mut AgentRun) {
     }
 }
 
+/// The cache keeps worker Pods with only what a reconcile reads of them (see
+/// [`decide::pod_outcome`](super::decide::pod_outcome)): their identity, labels and owners,
+/// deletion, phase and how their containers ended. Its memory per Pod stays small however many
+/// finished steps' Pods the runs keep.
+fn strip_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.annotations_mut().clear();
+    pod.spec = None;
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            message: status.message.take(),
+            container_statuses: status.container_statuses.take().map(|statuses| {
+                statuses
+                    .into_iter()
+                    .map(|c| k8s_openapi::api::core::v1::ContainerStatus {
+                        name: c.name,
+                        state: c.state.map(|s| k8s_openapi::api::core::v1::ContainerState {
+                            terminated: s.terminated,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        };
+    }
+}
+
 /// The cache keeps ApprovalRequests without their managed fields' field sets (only who wrote and
 /// when, which dates a decision).
 fn strip_request(request: &mut ApprovalRequest) {
@@ -475,4 +505,64 @@ async fn policies_installed(
         exists::<ValidatingAdmissionPolicyBinding>(client, name).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodStatus,
+    };
+
+    use super::*;
+    use crate::controller::decide::pod_outcome;
+
+    fn failed_pod() -> Pod {
+        let mut run = AgentRun::new("r", Default::default());
+        run.metadata.uid = Some("uid-r".into());
+        let mut pod = crate::controller::children::worker_pod(&run, 1, 0, &Default::default());
+        pod.annotations_mut().insert("a".into(), "b".into());
+        pod.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "worker".into(),
+                image: "agentrun:dev".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 3,
+                        message: Some("the model refused".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn cached_pods_keep_what_a_reconcile_reads_and_nothing_else() {
+        let pod = failed_pod();
+        let mut cached = pod.clone();
+        strip_pod(&mut cached);
+        assert_eq!(pod_outcome(Some(&cached)), pod_outcome(Some(&pod)));
+        assert_eq!(cached.metadata.name, pod.metadata.name);
+        assert_eq!(cached.metadata.labels, pod.metadata.labels);
+        assert!(cached.metadata.owner_references.is_some());
+        assert_eq!(
+            cached.metadata.owner_references,
+            pod.metadata.owner_references
+        );
+        assert!(cached.spec.is_none());
+        assert!(cached.annotations().is_empty());
+        let status = cached.status.unwrap();
+        assert!(status.conditions.is_none());
+        assert_eq!(status.container_statuses.unwrap()[0].image, "");
+    }
 }

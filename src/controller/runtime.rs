@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, future};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Namespace, Pod, PodStatus};
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config, Controller};
@@ -390,15 +390,15 @@ fn strip_pod(pod: &mut Pod) {
     pod.annotations_mut().clear();
     pod.spec = None;
     if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
+        *status = PodStatus {
             phase: status.phase.take(),
             message: status.message.take(),
             container_statuses: status.container_statuses.take().map(|statuses| {
                 statuses
                     .into_iter()
-                    .map(|c| k8s_openapi::api::core::v1::ContainerStatus {
+                    .map(|c| ContainerStatus {
                         name: c.name,
-                        state: c.state.map(|s| k8s_openapi::api::core::v1::ContainerState {
+                        state: c.state.map(|s| ContainerState {
                             terminated: s.terminated,
                             ..Default::default()
                         }),
@@ -509,9 +509,7 @@ async fn policies_installed(
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodStatus,
-    };
+    use k8s_openapi::api::core::v1::{ContainerStateTerminated, PodCondition};
 
     use super::*;
     use crate::controller::decide::pod_outcome;

@@ -179,10 +179,9 @@ impl Executor {
                     reason: crate::crd::EventReason::ApprovalRequested,
                     note: announce,
                     related: Some(created.object_ref(&())),
-                })
-                .await;
+                });
             }
-            Step::Publish(announcement) => self.publish(announcement).await,
+            Step::Publish(announcement) => self.publish(announcement),
         }
         Ok(())
     }
@@ -243,8 +242,7 @@ impl Executor {
                         reason: crate::crd::EventReason::WorkerStarted,
                         note,
                         related: None,
-                    })
-                    .await;
+                    });
                 }
             }
             // Deterministic names make a repeated create a no-op.
@@ -261,9 +259,11 @@ impl Executor {
         Ok(())
     }
 
-    /// Publishes an Event about the run, best effort: a failure is logged, never retried.
-    async fn publish(&self, announcement: Announcement) {
-        let reason: &str = announcement.reason.into();
+    /// Publishes an Event about the run beside the reconcile, best effort: a failure is logged,
+    /// never retried, and the reconcile does not wait for it (an Event is not worth one of the
+    /// reconcile slots that decisions wait for).
+    fn publish(&self, announcement: Announcement) {
+        let reason: &'static str = announcement.reason.into();
         let event = Event {
             type_: announcement.type_,
             reason: reason.into(),
@@ -271,9 +271,16 @@ impl Executor {
             action: reason.into(),
             secondary: announcement.related,
         };
-        if let Err(error) = self.ctx.recorder.publish(&event, &self.regarding).await {
-            warn!(%error, reason, "could not publish an Event");
-        }
+        let recorder = self.ctx.recorder.clone();
+        let regarding = self.regarding.clone();
+        tokio::spawn(
+            async move {
+                if let Err(error) = recorder.publish(&event, &regarding).await {
+                    warn!(%error, reason, "could not publish an Event");
+                }
+            }
+            .in_current_span(),
+        );
     }
 }
 

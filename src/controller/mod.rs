@@ -23,6 +23,7 @@ pub mod execute;
 pub mod memory;
 pub mod metrics;
 pub mod observe;
+pub mod owned;
 pub mod plan;
 pub mod policy_status;
 pub mod reconcile;
@@ -179,8 +180,8 @@ pub struct Context {
     pub metrics: Arc<metrics::Metrics>,
     /// Signs approval assertions, when configured.
     pub issuer: Option<Arc<Issuer>>,
-    pods: Store<Pod>,
-    requests: Store<ApprovalRequest>,
+    pods: Arc<owned::Owned<Pod>>,
+    requests: Arc<owned::Owned<ApprovalRequest>>,
     agents: Store<Agent>,
     approval_policies: Store<ApprovalPolicy>,
     namespaces: Store<PartialObjectMeta<Namespace>>,

@@ -10,9 +10,9 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::verify::DeciderRights;
@@ -21,7 +21,7 @@ use crate::approval_policy::{self, CallFacts, CompiledPolicy, Requirement};
 use crate::chunk_store;
 use crate::crd::keys::annotations;
 use crate::crd::policy::DecidedBy;
-use crate::crd::stored_state::StoredStateError;
+use crate::crd::stored_state::{self, StoredStateError};
 use crate::crd::{
     Agent, AgentRun, AgentRunPhase, AgentSnapshot, AgentSpec, ApprovalRequest, ToolBinding,
 };
@@ -210,7 +210,7 @@ pub async fn observe(
     ctx: &Context,
 ) -> Result<(Observed, Option<OwnedSemaphorePermit>), ReconcileError> {
     let ns = run.namespace().ok_or(ReconcileError::NoNamespace)?;
-    let requests = of_run(run, ctx.requests.state());
+    let requests = ctx.requests.of(run);
     let recorded = requests
         .iter()
         .map(|r| r.name_any())
@@ -221,7 +221,7 @@ pub async fn observe(
         agent: ctx
             .agents
             .get(&ObjectRef::new(&run.spec.agent_ref.name).within(&ns)),
-        pods: of_run(run, ctx.pods.state()),
+        pods: ctx.pods.of(run),
         requests,
         state: None,
         recorded,
@@ -238,14 +238,13 @@ pub async fn observe(
     {
         return Ok((observed, permit));
     }
-    // Only a decision's application may use a cached state: it is guarded by the same
-    // resourceVersion. A finished step must be read fresh, as the worker's last write may not
-    // have reached the cache yet when its Pod's success does.
-    let awaiting =
-        run.status.as_ref().and_then(|s| s.phase) == Some(AgentRunPhase::AwaitingApproval);
-    let cached = awaiting.then(|| ctx.states.restore(run)).flatten();
-    let full = match cached {
-        Some(full) => full,
+    // A cached state is decoded here; one read from the API server (or its chunks) below.
+    let cached = ctx.states.restore(run).and_then(|full| {
+        let decoded = stored_state::decode(full.status.as_ref()?);
+        may_use_cached(run, &decoded).then_some((full, decoded))
+    });
+    let (full, decoded) = match cached {
+        Some(cached) => cached,
         None => {
             // A large state read from the API server takes memory: few at once bound it, whatever
             // the reconcile concurrency. Small ones need no bound, and must not wait behind the
@@ -253,15 +252,17 @@ pub async fn observe(
             if !is_small(run) {
                 permit = ctx.state_reads.clone().acquire_owned().await.ok();
             }
-            Api::<AgentRun>::namespaced(ctx.client.clone(), &ns)
+            let full = Api::<AgentRun>::namespaced(ctx.client.clone(), &ns)
                 .get(&run.name_any())
-                .await?
+                .await?;
+            let decoded = chunk_store::load(&ctx.client, &full).await;
+            (full, decoded)
         }
     };
     if ctx.config.policy.decisions.strict_separation_of_duties {
         observed.rights = decider_rights(ctx, &ns, &observed.requests).await?;
     }
-    observed.state = Some(match chunk_store::load(&ctx.client, &full).await {
+    observed.state = Some(match decoded {
         Ok(Some(state)) => Ok(state),
         Ok(None) => Err("status.runState is missing".to_owned()),
         // An API failure reading chunks is retried; anything else is a bad state.
@@ -272,6 +273,26 @@ pub async fn observe(
     Ok((observed, permit))
 }
 
+/// Whether a reconcile of `run` may act on `full`, the cached state of exactly its version.
+///
+/// Applying a decision may: its writes are guarded by that same resourceVersion. A finished step
+/// may only when the cached state is the worker's last write, as its Pod's success can reach the
+/// cache before that write does. At a step's first attempt the worker writes the state once, at
+/// its end, and the state before it (the controller's, when it resumed the run) neither finishes
+/// nor halts: so a cached state that finishes or halts is that last write. A retry's cached state
+/// may be the earlier attempt's and is read fresh.
+fn may_use_cached(run: &AgentRun, decoded: &Result<Option<RunState>, StoredStateError>) -> bool {
+    let status = run.status.clone().unwrap_or_default();
+    match status.phase {
+        Some(AgentRunPhase::AwaitingApproval) => true,
+        Some(AgentRunPhase::Running) if status.retries.unwrap_or(0) == 0 => {
+            matches!(decoded, Ok(Some(state))
+                if state.final_output.is_some() || !state.pending_approvals().is_empty())
+        }
+        _ => false,
+    }
+}
+
 /// Whether the run's stored state is small enough to be read without a permit (no larger than
 /// what the state cache keeps).
 fn is_small(run: &AgentRun) -> bool {
@@ -279,22 +300,6 @@ fn is_small(run: &AgentRun) -> bool {
         .as_ref()
         .and_then(|s| s.run_state_bytes)
         .is_some_and(|bytes| bytes <= super::state_cache::MAX_ENTRY_BYTES as u64)
-}
-
-/// The objects of `run` (same namespace, owned by it) among `objects`.
-fn of_run<K: Resource + Clone>(run: &AgentRun, objects: Vec<Arc<K>>) -> Vec<K> {
-    let ns = run.namespace();
-    let uid = run.uid();
-    objects
-        .into_iter()
-        .filter(|o| {
-            o.namespace() == ns
-                && o.owner_references()
-                    .iter()
-                    .any(|r| Some(&r.uid) == uid.as_ref())
-        })
-        .map(|o| (*o).clone())
-        .collect()
 }
 
 /// Under strict separation of duties: what the decider or voters of each undecided request may do
@@ -380,6 +385,43 @@ mod tests {
             ..Default::default()
         });
         run
+    }
+
+    #[test]
+    fn a_finished_step_uses_the_cached_state_only_when_it_is_the_workers_last_write() {
+        use crate::state::DeferredToolCall;
+        let finished = RunState {
+            final_output: Some("done".into()),
+            ..Default::default()
+        };
+        let mut halted = RunState::default();
+        halted
+            .deferred_tool_requests
+            .approvals
+            .push(DeferredToolCall {
+                tool_call_id: "c1".into(),
+                tool_name: "delete_user".into(),
+                args: serde_json::json!({}).into(),
+            });
+        let resumed = RunState::default();
+        let running = AgentRun::test().in_phase(Some(AgentRunPhase::Running));
+        let ok = |state: &RunState| Ok(Some(state.clone()));
+        assert!(may_use_cached(&running, &ok(&finished)));
+        assert!(may_use_cached(&running, &ok(&halted)));
+        assert!(
+            !may_use_cached(&running, &ok(&resumed)),
+            "the controller's state from before the worker ran"
+        );
+        assert!(!may_use_cached(&running, &Ok(None)));
+        let retry = running.clone().with_retries(1);
+        assert!(
+            !may_use_cached(&retry, &ok(&finished)),
+            "may be the earlier attempt's write"
+        );
+        let awaiting = AgentRun::test().in_phase(Some(AgentRunPhase::AwaitingApproval));
+        assert!(may_use_cached(&awaiting, &ok(&resumed)));
+        let done = AgentRun::test().in_phase(Some(AgentRunPhase::Succeeded));
+        assert!(!may_use_cached(&done, &ok(&finished)));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{
     ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
-    metrics, policy_status, reconcile, state_cache,
+    metrics, owned::Owned, policy_status, reconcile, state_cache,
 };
 use crate::crd::keys::{field_managers, labels};
 use crate::crd::{Agent, AgentRun, ApprovalPolicy, ApprovalRequest, ConditionType, Reason};
@@ -177,6 +177,8 @@ async fn run_controllers(
     .inspect_ok(synced(&probe, RUNS))
     .touched_objects();
     let (pod_reader, pod_writer) = reflector::store();
+    let pods = Arc::new(Owned::new(pod_reader));
+    let pod_index = pods.clone();
     let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
     let pod_stream = watcher(
         scoped::<Pod>(&client, &config.namespace),
@@ -185,9 +187,12 @@ async fn run_controllers(
     .default_backoff()
     .modify(strip_pod)
     .reflect(pod_writer)
+    .inspect_ok(move |event| pod_index.observe_event(event))
     .inspect_ok(synced(&probe, PODS))
     .touched_objects();
     let (request_reader, request_writer) = reflector::store();
+    let requests = Arc::new(Owned::new(request_reader.clone()));
+    let request_index = requests.clone();
     let request_stream = watcher(
         scoped::<ApprovalRequest>(&client, &config.namespace),
         watcher::Config::default(),
@@ -200,6 +205,7 @@ async fn run_controllers(
         }
     })
     .reflect(request_writer)
+    .inspect_ok(move |event| request_index.observe_event(event))
     .inspect_ok(synced(&probe, REQUESTS))
     .touched_objects();
     // Agents are shared by the runs' controller (its cache, and waking runs that wait for
@@ -268,9 +274,7 @@ async fn run_controllers(
             .collect::<Vec<_>>()
     };
 
-    let _ = probe
-        .caches
-        .set((run_reader.clone(), request_reader.clone()));
+    let _ = probe.caches.set((run_reader.clone(), request_reader));
     let reporter = Reporter {
         controller: field_managers::CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -292,8 +296,8 @@ async fn run_controllers(
         config,
         metrics: probe.metrics.clone(),
         issuer,
-        pods: pod_reader,
-        requests: request_reader,
+        pods,
+        requests,
         agents: agent_reader.clone(),
         approval_policies: policy_reader.clone(),
         namespaces: namespace_reader,

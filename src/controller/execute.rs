@@ -261,7 +261,7 @@ impl Executor {
 
     /// Publishes an Event about the run beside the reconcile, best effort: a failure is logged,
     /// never retried, and the reconcile does not wait for it (an Event is not worth one of the
-    /// reconcile slots that decisions wait for).
+    /// reconcile slots that decisions wait for). A few are published at once.
     fn publish(&self, announcement: Announcement) {
         let reason: &'static str = announcement.reason.into();
         let event = Event {
@@ -273,8 +273,10 @@ impl Executor {
         };
         let recorder = self.ctx.recorder.clone();
         let regarding = self.regarding.clone();
+        let permits = self.ctx.event_publishes.clone();
         tokio::spawn(
             async move {
+                let _permit = permits.acquire_owned().await;
                 if let Err(error) = recorder.publish(&event, &regarding).await {
                     warn!(%error, reason, "could not publish an Event");
                 }

@@ -191,6 +191,7 @@ pub struct Context {
     memory: memory::Memory,
     states: Arc<state_cache::StateCache>,
     state_reads: Arc<tokio::sync::Semaphore>,
+    event_publishes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Context {

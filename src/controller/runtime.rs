@@ -34,6 +34,10 @@ const RUN_LIST_PAGE_SIZE: u32 = 100;
 /// while it decides and writes).
 const STATE_READS_AT_ONCE: usize = 8;
 
+/// How many Events are published at once beside the reconciles (the others wait their turn, so
+/// that a burst of completions does not open a connection per Event).
+const EVENTS_AT_ONCE: usize = 16;
+
 /// Agent events buffered for each of the Agents' two consumers.
 const AGENT_EVENT_BUFFER: usize = 256;
 
@@ -307,6 +311,7 @@ async fn run_controllers(
         memory: memory::Memory::default(),
         states,
         state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
+        event_publishes: Arc::new(tokio::sync::Semaphore::new(EVENTS_AT_ONCE)),
     });
     let _notifications = notifier.map(|n| AbortOnDropHandle::new(tokio::spawn(n.run())));
     info!("agentrun controller started");

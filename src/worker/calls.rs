@@ -16,7 +16,9 @@
 //!   `Unknown`.
 
 use std::sync::Mutex as SyncMutex;
+use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -55,6 +57,8 @@ pub struct CallGate {
     snapshot: AgentSnapshot,
     records: Mutex<Vec<ToolCallRecord>>,
     refused: SyncMutex<Option<String>>,
+    /// How a failed read of a request is retried.
+    read_backoff: ExponentialBuilder,
 }
 
 impl CallGate {
@@ -77,6 +81,10 @@ impl CallGate {
             snapshot,
             records: Mutex::new(records),
             refused: SyncMutex::new(None),
+            read_backoff: ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(5))
+                .with_max_times(6),
         }
     }
 
@@ -90,30 +98,31 @@ impl CallGate {
 
     /// Checks an approved call against its ApprovalRequest; returns the signed approval assertion
     /// the controller stored on it, if any.
-    async fn check_approval(&self, call: &ToolCallStart<'_>) -> Result<Option<String>, String> {
+    async fn check_approval(&self, call: &ToolCallStart<'_>) -> Result<Option<String>, NotSent> {
         let name = approval_request_name(&self.run, call.tool_call_id);
-        let request = self
-            .requests
-            .get_opt(&name)
+        let read = || self.requests.get_opt(&name);
+        let request = read
+            .retry(self.read_backoff)
+            .when(|e| !matches!(e, kube::Error::Api(_)))
             .await
-            .map_err(|e| format!("reading ApprovalRequest {name}: {e}"))?
+            .map_err(|e| NotSent::Unread(format!("reading ApprovalRequest {name}: {e}")))?
             .ok_or_else(|| {
                 format!(
                     "{} is marked approved, but its ApprovalRequest {name} does not exist",
                     call.tool_call_id
                 )
-            })?;
-        let tool = self
-            .snapshot
-            .tool_binding(call.tool_name)
-            .ok_or_else(|| format!("the run's Agent has no tool {}", call.tool_name))?;
+            })
+            .map_err(NotSent::Refused)?;
+        let tool = self.snapshot.tool_binding(call.tool_name).ok_or_else(|| {
+            NotSent::Refused(format!("the run's Agent has no tool {}", call.tool_name))
+        })?;
         if let Some(live) = call.definition_digest
             && live != tool.definition_digest
         {
-            return Err(format!(
+            return Err(NotSent::Refused(format!(
                 "the MCP server lists {} with definition digest {live}, not the {} the run is bound to",
                 call.tool_name, tool.definition_digest
-            ));
+            )));
         }
         let expected = Expected {
             run_uid: &self.run_uid,
@@ -126,7 +135,7 @@ impl CallGate {
                 .definition_digest
                 .map_or(tool.definition_digest.clone(), str::to_owned),
         };
-        check_request(&request, &expected)?;
+        check_request(&request, &expected).map_err(NotSent::Refused)?;
         Ok(request.status.and_then(|s| s.assertion))
     }
 
@@ -239,7 +248,13 @@ impl RunHooks for CallGate {
             if call.requires_approval {
                 match self.check_approval(&call).await {
                     Ok(signed) => assertion = signed,
-                    Err(why) => {
+                    Err(NotSent::Unread(unread)) => {
+                        return Err(HookError::new(format!(
+                            "not sent: {}: {unread}",
+                            call.tool_call_id
+                        )));
+                    }
+                    Err(NotSent::Refused(why)) => {
                         let why = format!("{}: {why}", call.tool_call_id);
                         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
                         return Err(HookError::new(format!("not sent: {why}")));
@@ -254,6 +269,16 @@ impl RunHooks for CallGate {
             })
         })
     }
+}
+
+/// Why an approved call is not sent.
+enum NotSent {
+    /// Its ApprovalRequest does not allow it: the call is refused and the step ends
+    /// (`TamperedState`).
+    Refused(String),
+    /// Its ApprovalRequest could not be read (the API server did not answer, even after a few
+    /// retries): nothing is known against the call, so the step fails and is retried.
+    Unread(String),
 }
 
 /// What an ApprovalRequest must say for a call to be sent.
@@ -335,6 +360,32 @@ fn check_request(request: &ApprovalRequest, expected: &Expected<'_>) -> Result<(
 mod tests {
     use super::*;
     use crate::crd::{ApprovalRequestStatus, VerifiedIdentity, halted_state};
+
+    #[tokio::test]
+    async fn an_unanswered_read_of_the_request_fails_the_step_without_refusing_the_call() {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let run = AgentRun::test();
+        let mut gate = CallGate::new(client, &run, 1, AgentSnapshot::default(), vec![]);
+        gate.read_backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(1))
+            .with_max_times(2);
+        let call = ToolCallStart {
+            tool_call_id: "call-1",
+            tool_name: "delete_user",
+            arguments: &serde_json::json!({}).into(),
+            body: "{}",
+            requires_approval: true,
+            idempotent: false,
+            definition_digest: None,
+        };
+        let error = gate.before_tool_call(call).await.unwrap_err();
+        assert!(
+            error.to_string().contains("reading ApprovalRequest"),
+            "{error}"
+        );
+        assert_eq!(gate.refused(), None, "not a refusal: the step is retried");
+    }
 
     fn approved() -> ApprovalRequest {
         let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));

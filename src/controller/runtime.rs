@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Namespace, Pod, PodStatus};
@@ -361,13 +361,33 @@ async fn run_controllers(
 fn synced<K>(probe: &metrics::Probe, bit: u8) -> impl Fn(&watcher::Event<K>) + use<K> {
     let mask = probe.synced.clone();
     let ready = probe.ready.clone();
+    let started = Instant::now();
     move |event| {
         if matches!(event, watcher::Event::InitDone) {
-            let all = mask.fetch_or(bit, Ordering::Relaxed) | bit;
+            let before = mask.fetch_or(bit, Ordering::Relaxed);
+            let all = before | bit;
+            let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            if before & bit == 0 {
+                info!(cache = cache_name(bit), elapsed_ms, "cache synced");
+            }
             if all == ALL_CACHES && !ready.swap(true, Ordering::Relaxed) {
-                info!("caches synced");
+                info!(elapsed_ms, "caches synced");
             }
         }
+    }
+}
+
+/// The name of the cache behind a bit of [`Context::synced`], for the logs.
+fn cache_name(bit: u8) -> &'static str {
+    match bit {
+        RUNS => "agentruns",
+        PODS => "pods",
+        REQUESTS => "approvalrequests",
+        AGENTS => "agents",
+        POLICIES_CHECKED => "admission policies",
+        APPROVAL_POLICIES => "approvalpolicies",
+        NAMESPACES => "namespaces",
+        _ => "unknown",
     }
 }
 

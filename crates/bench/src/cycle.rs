@@ -21,7 +21,7 @@ use crate::ideal::{IdealController, check_ideal, start_ideal};
 use crate::objects::approval_patch;
 use crate::observe::{latencies, lock, phases};
 use crate::process::{Controller, Memory};
-use crate::report::{CycleReport, mib, ms, opt};
+use crate::report::{CycleReport, ReadyAgain, mib, ms, opt};
 use crate::run::{Progress, wait_for};
 use crate::stats::Percentiles;
 use crate::{APPROVER, BenchConfig, BenchError, EVENT_REPORTER, RUN_PREFIX, TOOL_CALL_ID};
@@ -235,8 +235,13 @@ pub(crate) async fn cycle(
             controller.wait_ready(config.timeout).await?;
             let seconds = started.elapsed().as_secs_f64();
             let memory = controller.process.memory()?;
+            let caches = controller.cache_sync_times();
             controller.process.stop().await;
-            Some((seconds, memory))
+            Some(ReadyAgain {
+                seconds,
+                memory,
+                caches,
+            })
         }
         Driver::Ideal => None,
     };

@@ -190,6 +190,13 @@ impl Controller {
         ))
     }
 
+    /// When each of the controller's caches synced, from its log's `cache synced` lines
+    /// (milliseconds since its watches started), in the order they synced.
+    pub(crate) fn cache_sync_times(&self) -> Vec<(String, u64)> {
+        let text = std::fs::read_to_string(&self.process.log).unwrap_or_default();
+        parse_cache_sync_times(&text)
+    }
+
     pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
         let response = self
             .http
@@ -221,6 +228,27 @@ impl Controller {
     }
 }
 
+/// The `cache="NAME" elapsed_ms=MS` pairs of the `cache synced` lines of a controller log.
+pub(crate) fn parse_cache_sync_times(log: &str) -> Vec<(String, u64)> {
+    let field = |line: &str, name: &str| -> Option<String> {
+        let start = line.find(&format!("{name}="))? + name.len() + 1;
+        let rest = &line[start..];
+        let value = match rest.strip_prefix('"') {
+            Some(quoted) => &quoted[..quoted.find('"')?],
+            None => rest.split_whitespace().next()?,
+        };
+        Some(value.to_owned())
+    };
+    log.lines()
+        .filter(|line| line.contains("cache synced"))
+        .filter_map(|line| {
+            let cache = field(line, "cache")?;
+            let ms = field(line, "elapsed_ms")?.parse().ok()?;
+            Some((cache, ms))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +275,20 @@ mod tests {
         );
         assert_eq!(metric_value(metrics, "agentrun_runs"), None);
         assert_eq!(metric_value(metrics, "missing"), None);
+    }
+
+    #[test]
+    fn cache_sync_times_from_the_log() {
+        let log = "2026-12-04T12:00:00.1Z  INFO agentrun::controller::runtime: cache synced cache=\"agentruns\" elapsed_ms=812\n\
+                   2026-12-04T12:00:00.2Z  INFO agentrun::controller::runtime: cache synced cache=\"admission policies\" elapsed_ms=40\n\
+                   2026-12-04T12:00:00.3Z  INFO agentrun::controller::runtime: caches synced elapsed_ms=900\n\
+                   {\"message\":\"unrelated\"}\n";
+        assert_eq!(
+            parse_cache_sync_times(log),
+            [
+                ("agentruns".to_owned(), 812),
+                ("admission policies".to_owned(), 40)
+            ]
+        );
     }
 }

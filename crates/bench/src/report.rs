@@ -61,13 +61,23 @@ pub struct CycleReport {
     pub tool_calls: u64,
     /// The controller's memory at the end of the cycle (ours only).
     pub controller_memory: Memory,
-    /// A fresh controller started after the cycle, with every run present: seconds until it
-    /// was ready (caches synced), and its memory then (ours only).
-    pub ready_again: Option<(f64, Memory)>,
+    /// A fresh controller started after the cycle, with every run present (ours only).
+    pub ready_again: Option<ReadyAgain>,
     /// The writes the ideal controller counted itself (the ideal replay only).
     pub ideal_writes: Option<u64>,
     /// The same cycle with the ideal controller acting on the approvals, if it was replayed.
     pub ideal: Option<Box<CycleReport>>,
+}
+
+/// A fresh controller started after a cycle, with every run present.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadyAgain {
+    /// Seconds from its start until `/readyz` answered 200 (every cache synced).
+    pub seconds: f64,
+    /// Its memory then.
+    pub memory: Memory,
+    /// When each cache synced (milliseconds after its watches started), from its log.
+    pub caches: Vec<(String, u64)>,
 }
 
 impl CycleReport {
@@ -519,12 +529,34 @@ impl BenchReport {
             &mut table,
             "fresh controller ready with the N runs present",
             &|c| {
-                c.ready_again.map_or("n/a".into(), |(s, m)| {
-                    format!("{s:.1} s, {}", mib(m.rss_kib))
+                c.ready_again.as_ref().map_or("n/a".into(), |r| {
+                    format!("{:.1} s, {}", r.seconds, mib(r.memory.rss_kib))
                 })
             },
             &format!("< {GOAL_READY_SECONDS:.0} s"),
-            Some(&|c| c.ready_again.map(|(s, _)| s < GOAL_READY_SECONDS)),
+            Some(&|c| {
+                c.ready_again
+                    .as_ref()
+                    .map(|r| r.seconds < GOAL_READY_SECONDS)
+            }),
+        );
+        cycle_row(
+            &mut table,
+            "fresh controller: each cache synced after (s)",
+            &|c| {
+                c.ready_again.as_ref().map_or("n/a".into(), |r| {
+                    if r.caches.is_empty() {
+                        return "n/a".into();
+                    }
+                    r.caches
+                        .iter()
+                        .map(|(cache, ms)| format!("{cache} {:.1}", *ms as f64 / 1000.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+            },
+            "",
+            None,
         );
         if let Some(idle) = &self.idle {
             let idle_row = |table: &mut Table, name: &str, value: String, ok: Option<bool>| {

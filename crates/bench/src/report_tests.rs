@@ -119,13 +119,14 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
         ideal.complete_seconds = ideal_seconds;
         ideal.event_writes = 0;
         ours.ideal = Some(Box::new(ideal));
-        ours.ready_again = Some((
-            4.5,
-            Memory {
+        ours.ready_again = Some(ReadyAgain {
+            seconds: 4.5,
+            memory: Memory {
                 rss_kib: 50 * 1024,
                 peak_kib: 50 * 1024,
             },
-        ));
+            caches: vec![("agentruns".into(), 1200), ("pods".into(), 4400)],
+        });
         ours
     };
     let report = BenchReport {
@@ -155,6 +156,10 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
     assert_eq!(
         rows_of(&text, "fresh controller ready with the N runs present")[1..],
         ["4.5 s, 50.0 MiB", "4.5 s, 50.0 MiB", "< 10 s", "yes"]
+    );
+    assert_eq!(
+        rows_of(&text, "fresh controller: each cache synced after (s)")[1..3],
+        ["agentruns 1.2, pods 4.4", "agentruns 1.2, pods 4.4"]
     );
     assert!(text.contains("N=1000: ideal controller requests (1000 approvals)"));
 }

@@ -17,6 +17,7 @@
 
 pub mod agent_status;
 pub mod assertions;
+pub mod cached_pod;
 pub mod children;
 pub mod decide;
 pub mod execute;
@@ -37,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -180,7 +181,7 @@ pub struct Context {
     pub metrics: Arc<metrics::Metrics>,
     /// Signs approval assertions, when configured.
     pub issuer: Option<Arc<Issuer>>,
-    pods: Arc<owned::Owned<Pod>>,
+    pods: Arc<owned::Owned<cached_pod::CachedPod>>,
     requests: Arc<owned::Owned<ApprovalRequest>>,
     agents: Store<Agent>,
     approval_policies: Store<ApprovalPolicy>,

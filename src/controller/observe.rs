@@ -9,12 +9,12 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::cached_pod::CachedPod;
 use super::verify::DeciderRights;
 use super::{Context, ReconcileError, decide};
 use crate::approval_policy::{self, CallFacts, CompiledPolicy, Requirement};
@@ -36,7 +36,7 @@ pub struct Observed {
     /// The run's Agent, if it exists.
     pub agent: Option<Arc<Agent>>,
     /// The run's worker Pods.
-    pub pods: Vec<Pod>,
+    pub pods: Vec<CachedPod>,
     /// The run's ApprovalRequests.
     pub requests: Vec<ApprovalRequest>,
     /// The run's RunState, read only when the next action depends on it (see

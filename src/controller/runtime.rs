@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, future};
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Namespace, Pod, PodStatus};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config, Controller};
@@ -19,6 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
+use super::cached_pod::CachedPod;
 use super::{
     ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
     metrics, owned::Owned, policy_status, reconcile, state_cache,
@@ -185,11 +186,11 @@ async fn run_controllers(
     let pod_index = pods.clone();
     let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
     let pod_stream = watcher(
-        scoped::<Pod>(&client, &config.namespace),
+        scoped::<CachedPod>(&client, &config.namespace),
         watcher::Config::default().labels(&managed_by),
     )
     .default_backoff()
-    .modify(strip_pod)
+    .modify(CachedPod::strip)
     .reflect(pod_writer)
     .inspect_ok(move |event| pod_index.observe_event(event))
     .inspect_ok(synced(&probe, PODS))
@@ -410,36 +411,6 @@ fn strip_run(run: &mut AgentRun) {
     }
 }
 
-/// The cache keeps worker Pods with only what a reconcile reads of them (see
-/// [`decide::pod_outcome`](super::decide::pod_outcome)): their identity, labels and owners,
-/// deletion, phase and how their containers ended. Its memory per Pod stays small however many
-/// finished steps' Pods the runs keep.
-fn strip_pod(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
-    pod.annotations_mut().clear();
-    pod.spec = None;
-    if let Some(status) = pod.status.as_mut() {
-        *status = PodStatus {
-            phase: status.phase.take(),
-            message: status.message.take(),
-            container_statuses: status.container_statuses.take().map(|statuses| {
-                statuses
-                    .into_iter()
-                    .map(|c| ContainerStatus {
-                        name: c.name,
-                        state: c.state.map(|s| ContainerState {
-                            terminated: s.terminated,
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        };
-    }
-}
-
 /// The cache keeps ApprovalRequests without their managed fields' field sets (only who wrote and
 /// when, which dates a decision).
 fn strip_request(request: &mut ApprovalRequest) {
@@ -534,62 +505,4 @@ async fn policies_installed(
         exists::<ValidatingAdmissionPolicyBinding>(client, name).await?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::{ContainerStateTerminated, PodCondition};
-
-    use super::*;
-    use crate::controller::decide::pod_outcome;
-
-    fn failed_pod() -> Pod {
-        let mut run = AgentRun::new("r", Default::default());
-        run.metadata.uid = Some("uid-r".into());
-        let mut pod = crate::controller::children::worker_pod(&run, 1, 0, &Default::default());
-        pod.annotations_mut().insert("a".into(), "b".into());
-        pod.status = Some(PodStatus {
-            phase: Some("Failed".into()),
-            conditions: Some(vec![PodCondition {
-                type_: "Ready".into(),
-                status: "False".into(),
-                ..Default::default()
-            }]),
-            container_statuses: Some(vec![ContainerStatus {
-                name: "worker".into(),
-                image: "agentrun:dev".into(),
-                state: Some(ContainerState {
-                    terminated: Some(ContainerStateTerminated {
-                        exit_code: 3,
-                        message: Some("the model refused".into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        });
-        pod
-    }
-
-    #[test]
-    fn cached_pods_keep_what_a_reconcile_reads_and_nothing_else() {
-        let pod = failed_pod();
-        let mut cached = pod.clone();
-        strip_pod(&mut cached);
-        assert_eq!(pod_outcome(Some(&cached)), pod_outcome(Some(&pod)));
-        assert_eq!(cached.metadata.name, pod.metadata.name);
-        assert_eq!(cached.metadata.labels, pod.metadata.labels);
-        assert!(cached.metadata.owner_references.is_some());
-        assert_eq!(
-            cached.metadata.owner_references,
-            pod.metadata.owner_references
-        );
-        assert!(cached.spec.is_none());
-        assert!(cached.annotations().is_empty());
-        let status = cached.status.unwrap();
-        assert!(status.conditions.is_none());
-        assert_eq!(status.container_statuses.unwrap()[0].image, "");
-    }
 }

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 mod edits;
 mod halt;
 
+use super::cached_pod::CachedPod;
 use super::observe::Observed;
 use super::verify::{self, Decider, DecisionContext, DecisionRules, Refusal};
 use crate::approval_policy::Requirement;
@@ -196,7 +196,7 @@ pub enum Action {
 /// then: the cache does not hold states).
 pub fn needs_state(
     run: &AgentRun,
-    pods: &[Pod],
+    pods: &[CachedPod],
     requests: &[ApprovalRequest],
     now: DateTime<Utc>,
 ) -> bool {
@@ -284,12 +284,12 @@ fn recheck_at(next: Option<DateTime<Utc>>, now: DateTime<Utc>, policy: &Policy) 
     }
 }
 
-fn find_pod<'a>(pods: &'a [Pod], name: &str) -> Option<&'a Pod> {
+fn find_pod<'a>(pods: &'a [CachedPod], name: &str) -> Option<&'a CachedPod> {
     pods.iter().find(|p| p.name_any() == name)
 }
 
 /// How a worker Pod ended, from its status.
-pub fn pod_outcome(pod: Option<&Pod>) -> PodOutcome {
+pub fn pod_outcome(pod: Option<&CachedPod>) -> PodOutcome {
     let Some(pod) = pod else {
         return PodOutcome::Missing;
     };

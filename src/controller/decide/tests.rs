@@ -4,7 +4,7 @@ use super::*;
 use crate::crd::{Decision, halted_state};
 use crate::state::Approval;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
 };
 use kube::api::ObjectMeta;
 
@@ -15,8 +15,8 @@ fn run(phase: Option<AgentRunPhase>, step: u32, retries: u32) -> AgentRun {
         .with_retries(retries)
 }
 
-fn pod(name: &str, phase: &str, exit: Option<(i32, &str)>) -> Pod {
-    Pod {
+fn pod(name: &str, phase: &str, exit: Option<(i32, &str)>) -> CachedPod {
+    CachedPod::from(Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
@@ -40,7 +40,7 @@ fn pod(name: &str, phase: &str, exit: Option<(i32, &str)>) -> Pod {
             ..Default::default()
         }),
         ..Default::default()
-    }
+    })
 }
 
 fn request(state: &RunState, decision: Option<Decision>) -> ApprovalRequest {
@@ -49,7 +49,7 @@ fn request(state: &RunState, decision: Option<Decision>) -> ApprovalRequest {
 
 fn observe(
     run: &AgentRun,
-    pods: &[Pod],
+    pods: &[CachedPod],
     requests: &[ApprovalRequest],
     state: Option<Result<&RunState, String>>,
 ) -> Observed {
@@ -517,7 +517,7 @@ mod properties {
             agent_found in any::<bool>(),
         ) {
             let r = run(phase, step, retries);
-            let pods: Vec<Pod> = pod_state
+            let pods: Vec<CachedPod> = pod_state
                 .map(|p| pod(&worker_pod_name("r1", step, retries), p, (p == "Failed").then_some((1, "boom"))))
                 .into_iter()
                 .collect();

@@ -204,17 +204,20 @@ fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
         .with_retries(0);
     run.status.as_mut().unwrap().created_by = Some("carol@example.com".into());
     let mut o = Observed::of(run);
-    o.pods = vec![Pod {
-        metadata: ObjectMeta {
-            name: Some("r1-step-0".into()),
+    o.pods = vec![
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("r1-step-0".into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Succeeded".into()),
+                ..Default::default()
+            }),
             ..Default::default()
-        },
-        status: Some(PodStatus {
-            phase: Some("Succeeded".into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }];
+        }
+        .into(),
+    ];
     o.state = Some(Ok(halted_state()));
     let plan = plan_of(&o);
     match &plan.steps[0] {

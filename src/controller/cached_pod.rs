@@ -1,0 +1,204 @@
+//! [`CachedPod`]: a worker Pod as the controller's cache keeps it. The watch decodes only what a
+//! reconcile reads (see [`decide::pod_outcome`](super::decide::pod_outcome)): the Pod's metadata,
+//! its phase and message, and how its containers ended. Neither the spec nor the rest of the
+//! status is decoded or kept, so a cached Pod costs a few hundred bytes, however many finished
+//! steps' Pods the runs keep (a `Pod` of `k8s-openapi` is 2.4 KiB before any of its fields).
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::NamespaceResourceScope;
+use serde::{Deserialize, Serialize};
+
+/// A worker Pod: its metadata and how it ended (a `v1` `Pod` read through the Pods' API).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CachedPod {
+    /// The Pod's metadata (the cache drops its managed fields and annotations).
+    pub metadata: ObjectMeta,
+    /// What the Pod's status says of how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<CachedPodStatus>,
+}
+
+/// The part of a Pod's status a reconcile reads.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodStatus {
+    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Why the Pod is in this phase, when the kubelet says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Each container's name and, once it ended, how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_statuses: Option<Vec<CachedContainerStatus>>,
+}
+
+/// A container's name and, once it ended, how.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CachedContainerStatus {
+    /// The container's name.
+    #[serde(default)]
+    pub name: String,
+    /// Its state, of which only `terminated` is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<CachedContainerState>,
+}
+
+/// A container's state, when it has terminated.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CachedContainerState {
+    /// How the container ended: exit code, message, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<ContainerStateTerminated>,
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Pod::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        Pod::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        Pod::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Pod::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl CachedPod {
+    /// Drops what the watch decoded but a reconcile does not read: managed fields, annotations.
+    pub fn strip(&mut self) {
+        self.metadata.managed_fields = None;
+        self.metadata.annotations = None;
+    }
+}
+
+impl From<Pod> for CachedPod {
+    fn from(pod: Pod) -> Self {
+        CachedPod {
+            metadata: pod.metadata,
+            status: pod.status.map(|status| CachedPodStatus {
+                phase: status.phase,
+                message: status.message,
+                container_statuses: status.container_statuses.map(|statuses| {
+                    statuses
+                        .into_iter()
+                        .map(|c| CachedContainerStatus {
+                            name: c.name,
+                            state: c.state.map(|s| CachedContainerState {
+                                terminated: s.terminated,
+                            }),
+                        })
+                        .collect()
+                }),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodCondition, PodStatus};
+    use kube::ResourceExt;
+
+    use super::*;
+    use crate::controller::decide::{PodOutcome, pod_outcome};
+    use crate::crd::AgentRun;
+
+    fn failed_pod() -> Pod {
+        let mut run = AgentRun::new("r", Default::default());
+        run.metadata.uid = Some("uid-r".into());
+        let mut pod = crate::controller::children::worker_pod(&run, 1, 0, &Default::default());
+        pod.annotations_mut().insert("a".into(), "b".into());
+        pod.metadata.resource_version = Some("7".into());
+        pod.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "worker".into(),
+                image: "agentrun:dev".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 3,
+                        message: Some("the model refused".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn a_pod_decoded_from_the_api_keeps_what_a_reconcile_reads_and_nothing_else() {
+        let pod = failed_pod();
+        // What the watch receives: the Pod's JSON, decoded as a cached Pod.
+        let json = serde_json::to_string(&pod).unwrap();
+        let mut cached: CachedPod = serde_json::from_str(&json).unwrap();
+        cached.strip();
+        assert_eq!(
+            pod_outcome(Some(&cached)),
+            PodOutcome::Failed {
+                exit_code: Some(3),
+                message: "the worker exited with code 3: the model refused".into(),
+                finished_at: None,
+            }
+        );
+        assert_eq!(cached.metadata.name, pod.metadata.name);
+        assert_eq!(cached.metadata.labels, pod.metadata.labels);
+        assert_eq!(cached.resource_version().as_deref(), Some("7"));
+        assert!(cached.metadata.owner_references.is_some());
+        assert_eq!(
+            cached.metadata.owner_references,
+            pod.metadata.owner_references
+        );
+        assert!(cached.annotations().is_empty());
+        assert_eq!(cached, {
+            let mut converted = CachedPod::from(pod);
+            converted.strip();
+            converted
+        });
+        assert_eq!(
+            CachedPod::url_path(&(), Some("ns")),
+            "/api/v1/namespaces/ns/pods"
+        );
+    }
+
+    #[test]
+    fn a_pod_without_a_status_or_with_null_fields_decodes() {
+        let cached: CachedPod = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[]},"status":{"phase":"Pending","containerStatuses":null}}"#,
+        )
+        .unwrap();
+        assert_eq!(pod_outcome(Some(&cached)), PodOutcome::InProgress);
+        let bare: CachedPod = serde_json::from_str(r#"{"metadata":{"name":"p"}}"#).unwrap();
+        assert_eq!(pod_outcome(Some(&bare)), PodOutcome::InProgress);
+    }
+}

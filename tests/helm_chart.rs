@@ -695,6 +695,8 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "64",
             "--state-cache-mib",
             "32",
+            // `helm template` renders for a recent Kubernetes, where streaming lists are on.
+            "--streaming-lists",
             "--gitops-group",
             "agentrun:gitops",
             "--admission-policy-prefix",
@@ -718,6 +720,24 @@ async fn the_deployment_runs_the_controller_as_specified() {
     if let Err(e) = command.try_get_matches_from(args.iter().copied()) {
         panic!("the controller refuses the chart's arguments: {e}");
     }
+    // Streaming lists follow the cluster's version unless chosen: WatchList is on by default
+    // from Kubernetes 1.34.
+    let streams = |extra: &[&str]| {
+        let mut args = strings(&["template", "agentrun", &chart_arg()]);
+        args.extend(strings(extra));
+        let out = helm(cp, &args);
+        assert_success(&out, &format!("helm template {extra:?}"));
+        text(&out.stdout).contains("- --streaming-lists")
+    };
+    assert!(streams(&["--kube-version", "1.34.0"]));
+    assert!(!streams(&["--kube-version", "1.33.5"]));
+    assert!(streams(&[
+        "--kube-version",
+        "1.30.0",
+        "--set",
+        "controller.streamingLists=true"
+    ]));
+    assert!(!streams(&["--set", "controller.streamingLists=false"]));
     for (name, field) in [
         ("POD_NAME", "metadata.name"),
         ("POD_NAMESPACE", "metadata.namespace"),

@@ -106,6 +106,11 @@ pub struct ControllerArgs {
     /// (0 disables).
     #[arg(long, env = "AGENTRUN_STATE_CACHE_MIB", default_value_t = 32)]
     pub state_cache_mib: usize,
+    /// Fill the caches from watches that stream the existing objects (Kubernetes streaming
+    /// lists) instead of paged lists; needs the API server's `WatchList` feature (on by default
+    /// from Kubernetes 1.34).
+    #[arg(long, env = "AGENTRUN_STREAMING_LISTS")]
+    pub streaming_lists: bool,
     /// Let a run's creator decide its own ApprovalRequests (separation of duties off). An admin
     /// setting: no Agent or run can switch it.
     #[arg(long, env = "AGENTRUN_ALLOW_SELF_APPROVAL")]
@@ -247,6 +252,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             admission_policy_prefix: Some(args.admission_policy_prefix),
             concurrency: Some(args.concurrency),
             state_cache_bytes: Some(args.state_cache_mib << 20),
+            streaming_lists: args.streaming_lists,
             mcp_rediscovery: Some(std::time::Duration::from_secs(args.mcp_rediscovery_seconds)),
             signing: (!args.no_approval_assertions).then(|| SigningConfig {
                 namespace: args.controller_namespace.clone(),

@@ -160,6 +160,11 @@ pub struct ControllerConfig {
     pub mcp_rediscovery: Option<Duration>,
     /// Notifications to the NotificationSinks (none sent when `None`; see [`crate::notify`]).
     pub notifications: Option<crate::notify::NotifyConfig>,
+    /// Fill the caches from a watch that streams the existing objects one by one (Kubernetes
+    /// "streaming lists", the `WatchList` feature, on by default from 1.34) instead of listing
+    /// them in pages: the API server encodes while the controller decodes, and no page is held
+    /// in memory at once. Needs an API server with `WatchList` enabled.
+    pub streaming_lists: bool,
 }
 
 /// How many runs are reconciled at once unless configured.

@@ -168,7 +168,7 @@ async fn run_controllers(
     let observed_states = states.clone();
     let run_stream = watcher(
         scoped::<AgentRun>(&client, &config.namespace),
-        watcher::Config::default().page_size(RUN_LIST_PAGE_SIZE),
+        list_config(&config).page_size(RUN_LIST_PAGE_SIZE),
     )
     .default_backoff()
     .inspect_ok(move |event| observed_states.observe_event(event))
@@ -187,7 +187,7 @@ async fn run_controllers(
     let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
     let pod_stream = watcher(
         scoped::<CachedPod>(&client, &config.namespace),
-        watcher::Config::default().labels(&managed_by),
+        list_config(&config).labels(&managed_by),
     )
     .default_backoff()
     .modify(CachedPod::strip)
@@ -200,7 +200,7 @@ async fn run_controllers(
     let request_index = requests.clone();
     let request_stream = watcher(
         scoped::<ApprovalRequest>(&client, &config.namespace),
-        watcher::Config::default(),
+        list_config(&config),
     )
     .default_backoff()
     .modify(strip_request)
@@ -224,7 +224,7 @@ async fn run_controllers(
     };
     let agent_watch = watcher(
         scoped::<Agent>(&client, &config.namespace),
-        watcher::Config::default(),
+        list_config(&config),
     )
     .default_backoff()
     .modify(|a: &mut Agent| a.managed_fields_mut().clear())
@@ -240,7 +240,7 @@ async fn run_controllers(
     };
     let policy_watch = watcher(
         Api::<ApprovalPolicy>::all(client.clone()),
-        watcher::Config::default(),
+        list_config(&config),
     )
     .default_backoff()
     .modify(|p: &mut ApprovalPolicy| p.managed_fields_mut().clear())
@@ -249,8 +249,8 @@ async fn run_controllers(
     .for_each(|_| future::ready(()));
     let (namespace_reader, namespace_writer) = reflector::store();
     let namespace_config = match &config.namespace {
-        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
-        None => watcher::Config::default(),
+        Some(ns) => list_config(&config).fields(&format!("metadata.name={ns}")),
+        None => list_config(&config),
     };
     let namespace_watch = watcher(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
@@ -399,6 +399,17 @@ where
     match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
+    }
+}
+
+/// How a cache is filled: paged lists, or a streaming list (see
+/// [`ControllerConfig::streaming_lists`]).
+fn list_config(config: &ControllerConfig) -> watcher::Config {
+    let list = watcher::Config::default();
+    if config.streaming_lists {
+        list.streaming_lists()
+    } else {
+        list
     }
 }
 

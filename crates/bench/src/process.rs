@@ -170,6 +170,8 @@ impl Controller {
                 // Its signing keys and published JWKS live in the bench namespace too.
                 "--controller-namespace",
                 &ns.name,
+                // As the chart runs it on Kubernetes >= 1.34.
+                "--streaming-lists",
             ],
             &[("KUBECONFIG", ns.controller_kubeconfig.as_os_str())],
             ns.dir.join(log_name),

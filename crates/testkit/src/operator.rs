@@ -55,6 +55,9 @@ pub fn test_config(ns: &str) -> ControllerConfig {
     ControllerConfig {
         namespace: Some(ns.to_owned()),
         policy: test_policy(),
+        // As the chart runs it on Kubernetes >= 1.34 (the tests' control plane is 1.36); the
+        // tests that build their own config (chaos, leader election, the chart's) use paged lists.
+        streaming_lists: true,
         ..Default::default()
     }
 }

@@ -422,11 +422,15 @@ fn strip_run(run: &mut AgentRun) {
     }
 }
 
-/// The cache keeps ApprovalRequests without their managed fields' field sets (only who wrote and
-/// when, which dates a decision).
+/// The cache keeps of an ApprovalRequest what a reconcile and the notifier read: no managed
+/// fields, no labels (the requests of a run are found by their owner reference), and no signed
+/// assertion: the controller writes it but never reads it back (the worker reads it from the API
+/// server), and at about 1 KiB it is the largest field of an approved request.
 fn strip_request(request: &mut ApprovalRequest) {
-    for entry in request.managed_fields_mut() {
-        entry.fields_v1 = None;
+    request.managed_fields_mut().clear();
+    request.metadata.labels = None;
+    if let Some(status) = request.status.as_mut() {
+        status.assertion = None;
     }
 }
 
@@ -516,4 +520,46 @@ async fn policies_installed(
         exists::<ValidatingAdmissionPolicyBinding>(client, name).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
+
+    use super::*;
+    use crate::crd::{ApprovalPhase, Decision, halted_state};
+
+    #[test]
+    fn a_cached_request_keeps_what_a_reconcile_reads_and_drops_the_rest() {
+        let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
+        request.metadata.labels = Some([(labels::RUN.to_owned(), "r1".to_owned())].into());
+        request.metadata.owner_references = Some(vec![OwnerReference {
+            uid: "uid-1".into(),
+            ..Default::default()
+        }]);
+        request.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl-patch".into()),
+            ..Default::default()
+        }]);
+        let status = request.status.as_mut().expect("status");
+        status.phase = Some(ApprovalPhase::Approved);
+        status.assertion = Some("header.claims.signature".into());
+        let before = request.clone();
+
+        strip_request(&mut request);
+
+        assert!(request.managed_fields().is_empty());
+        assert_eq!(request.metadata.labels, None);
+        let status = request.status.as_ref().expect("status");
+        assert_eq!(status.assertion, None);
+        assert_eq!(status.phase, Some(ApprovalPhase::Approved));
+        // What a reconcile and the notifier read is kept as it was.
+        assert_eq!(request.spec, before.spec);
+        assert_eq!(request.metadata.annotations, before.metadata.annotations);
+        assert_eq!(
+            request.metadata.owner_references,
+            before.metadata.owner_references
+        );
+        assert_eq!(request.metadata.name, before.metadata.name);
+    }
 }

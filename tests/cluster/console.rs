@@ -132,22 +132,50 @@ async fn find(driver: &WebDriver, by: By) -> WebElement {
     }
 }
 
-/// Finds and clicks an element, again while it goes stale: the inbox's rows are replaced whenever
-/// a live update arrives, possibly between the find and the click.
-async fn click(driver: &WebDriver, by: By) {
+/// Follows the link `by` and waits until the browser shows the page it points to. The inbox's
+/// rows are replaced whenever a live update arrives: a replacement between the find and the click
+/// makes the element stale, and one between the press and the release of the mouse swallows the
+/// click. Either way the link is found and clicked again until the page changes.
+async fn follow(driver: &WebDriver, by: By) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut target: Option<String> = None;
     loop {
-        match find(driver, by.clone()).await.click().await {
-            Ok(()) => return,
-            Err(error)
-                if matches!(
-                    error.as_inner(),
-                    thirtyfour::error::WebDriverErrorInner::StaleElementReference(_)
-                ) && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let here = driver.current_url().await.expect("url").to_string();
+        if target.as_deref() == Some(here.as_str()) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the link {by:?} to {target:?} did not open; the browser shows {here}"
+        );
+        let clicked = match driver.find(by.clone()).await {
+            Ok(link) => match link.prop("href").await {
+                Ok(Some(href)) => {
+                    target = Some(href);
+                    link.click().await
+                }
+                Ok(None) => panic!("{by:?} is not a link"),
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        match clicked {
+            Ok(()) => {
+                let settle = tokio::time::Instant::now() + Duration::from_secs(2);
+                while tokio::time::Instant::now() < settle
+                    && driver.current_url().await.expect("url").as_str()
+                        != target.as_deref().unwrap_or_default()
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
-            Err(error) => panic!("click {by:?}: {error}"),
+            Err(error) => match error.as_inner() {
+                thirtyfour::error::WebDriverErrorInner::StaleElementReference(_)
+                | thirtyfour::error::WebDriverErrorInner::NoSuchElement(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => panic!("click {by:?}: {error}"),
+            },
         }
     }
 }
@@ -271,7 +299,7 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     )
     .await;
     assert_eq!(link, "delete_user");
-    click(driver, By::Css("#inbox-rows a.open")).await;
+    follow(driver, By::Css("#inbox-rows a.open")).await;
     assert_eq!(text_of(driver, "tool").await, "delete_user");
     find(driver, By::Id("approve-reason"))
         .await
@@ -340,7 +368,7 @@ async fn alice_approves_in_the_browser_and_carols_approval_is_refused_by_the_api
     assert_eq!(cookie.same_site, Some(thirtyfour::cookie::SameSite::Strict));
 
     // The request page: the conversation, the exact arguments and their digest, the endpoint.
-    click(driver, By::Css("#inbox-rows a.open")).await;
+    follow(driver, By::Css("#inbox-rows a.open")).await;
     assert_eq!(
         text_of(driver, "arguments").await,
         "{\n  \"user_id\": \"u-1\"\n}"

@@ -692,7 +692,7 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "--retry-backoff-seconds",
             "5",
             "--concurrency",
-            "64",
+            "256",
             "--state-cache-mib",
             "32",
             // `helm template` renders for a recent Kubernetes, where streaming lists are on.

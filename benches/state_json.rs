@@ -118,20 +118,14 @@ fn sentence(rng: &mut Lcg, words: usize) -> String {
 
 fn args(rng: &mut Lcg, depth: u32) -> Value {
     let mut d = pyjson::Dict::default();
-    d.insert(
-        "user_id".into(),
-        Value::from(format!("u-{}", rng.below(100_000))),
-    );
-    d.insert("reason".into(), Value::from(sentence(rng, 6)));
-    d.insert("dry_run".into(), Value::Bool(rng.below(2) == 0));
-    d.insert("limit".into(), Value::from(rng.below(1000) as i64));
-    d.insert(
-        "threshold".into(),
-        Value::Float(rng.below(10_000) as f64 / 7.0),
-    );
+    d.insert("user_id", Value::from(format!("u-{}", rng.below(100_000))));
+    d.insert("reason", Value::from(sentence(rng, 6)));
+    d.insert("dry_run", Value::Bool(rng.below(2) == 0));
+    d.insert("limit", Value::from(rng.below(1000) as i64));
+    d.insert("threshold", Value::Float(rng.below(10_000) as f64 / 7.0));
     if depth < 2 {
         d.insert(
-            "filters".into(),
+            "filters",
             Value::List(vec![args(rng, depth + 1), Value::Null]),
         );
     }

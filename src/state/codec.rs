@@ -8,11 +8,11 @@ use super::{ApprovalMetadata, DeferredToolCall, RejectedTool, RunState, StateErr
 impl RunState {
     /// The state as the dict Python's `RunState.to_dict()` returns.
     pub fn to_dict(&self) -> Dict {
-        let mut d = Dict::with_capacity_and_hasher(11, Default::default());
-        d.insert("run_id".into(), Value::from(self.run_id.as_str()));
-        d.insert("agent_name".into(), Value::from(self.agent_name.as_str()));
-        d.insert("input".into(), Value::from(self.input.as_str()));
-        d.insert("messages".into(), Value::List(self.messages.clone()));
+        let mut d = Dict::with_capacity(11);
+        d.insert("run_id", Value::from(self.run_id.as_str()));
+        d.insert("agent_name", Value::from(self.agent_name.as_str()));
+        d.insert("input", Value::from(self.input.as_str()));
+        d.insert("messages", Value::List(self.messages.clone()));
         let approvals = self
             .deferred_tool_requests
             .approvals
@@ -26,7 +26,7 @@ impl RunState {
             })
             .collect::<Value>();
         d.insert(
-            "deferred_tool_requests".into(),
+            "deferred_tool_requests",
             Value::from_iter([
                 (
                     "calls",
@@ -36,14 +36,14 @@ impl RunState {
             ]),
         );
         d.insert(
-            "approved_tools".into(),
+            "approved_tools",
             self.approved_tools
                 .iter()
                 .map(|id| Value::from(id.as_str()))
                 .collect(),
         );
         d.insert(
-            "rejected_tools".into(),
+            "rejected_tools",
             self.rejected_tools
                 .iter()
                 .map(|r| {
@@ -55,7 +55,7 @@ impl RunState {
                 .collect(),
         );
         d.insert(
-            "approval_metadata".into(),
+            "approval_metadata",
             self.approval_metadata
                 .iter()
                 .map(|(id, m)| {
@@ -70,19 +70,16 @@ impl RunState {
                 })
                 .collect(),
         );
-        d.insert("current_turn".into(), Value::from(self.current_turn));
+        d.insert("current_turn", Value::from(self.current_turn));
         d.insert(
-            "usage".into(),
+            "usage",
             Value::from_iter([
                 ("requests", Value::from(self.usage.requests)),
                 ("input_tokens", Value::from(self.usage.input_tokens)),
                 ("output_tokens", Value::from(self.usage.output_tokens)),
             ]),
         );
-        d.insert(
-            "final_output".into(),
-            Value::from(self.final_output.clone()),
-        );
+        d.insert("final_output", Value::from(self.final_output.clone()));
         d
     }
 
@@ -320,7 +317,7 @@ impl RunState {
                         problem: format!("invalid timestamp {}: {problem}", quote_key(&raw)),
                     })?;
                 state.approval_metadata.insert(
-                    id,
+                    id.into_string(),
                     ApprovalMetadata {
                         approver_id,
                         reason,

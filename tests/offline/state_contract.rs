@@ -1,6 +1,6 @@
 //! The RunState serialization and approval-audit contract.
 
-use agentrun::state::pyjson::{self, Dict, Int, Value};
+use agentrun::state::pyjson::{self, CompactString, Dict, Int, Value};
 use agentrun::state::{
     Approval, ApprovalMetadata, DEFAULT_REJECTION_MESSAGE, DecisionError, DeferredToolCall,
     DeferredToolRequests, RejectedTool, Rejection, RunState, StateError, Usage,
@@ -130,11 +130,14 @@ fn fresh_state_has_exact_python_shape() {
 #[test]
 fn no_version_key_is_emitted() {
     let dict = halted().to_dict();
-    assert_eq!(dict.keys().map(String::as_str).collect::<Vec<_>>(), KEYS);
+    assert_eq!(
+        dict.keys().map(CompactString::as_str).collect::<Vec<_>>(),
+        KEYS
+    );
     // A payload carrying a version (or any other stamp) loads, and the stamp is not written back.
     let mut payload = halted().to_dict();
-    payload.insert("version".into(), Value::from(7));
-    payload.insert("schema".into(), Value::from("v2"));
+    payload.insert("version", Value::from(7));
+    payload.insert("schema", Value::from("v2"));
     let text = pyjson::dumps(&Value::Dict(payload)).unwrap();
     let loaded = RunState::from_json(&text).unwrap();
     assert_eq!(loaded, halted());
@@ -271,12 +274,12 @@ fn audit_metadata_is_separate_from_resumption() {
     // Resumption never depends on the audit dict: dropping it from the payload, or adding stray
     // entries, changes none of the resumption lists.
     let mut payload = state.to_dict();
-    payload.insert("approval_metadata".into(), Value::Dict(Dict::default()));
+    payload.insert("approval_metadata", Value::Dict(Dict::default()));
     let without = RunState::from_dict(&Value::Dict(payload.clone())).unwrap();
     let stray = json(
         r#"{"call_9": {"approver_id": "eve", "reason": null, "timestamp": "2026-12-02T19:30:25"}}"#,
     );
-    payload.insert("approval_metadata".into(), stray);
+    payload.insert("approval_metadata", stray);
     let with_stray = RunState::from_dict(&Value::Dict(payload)).unwrap();
     for s in [&without, &with_stray] {
         assert_eq!(s.approved_tools, state.approved_tools);

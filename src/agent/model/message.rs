@@ -125,11 +125,11 @@ pub fn set_tool_call_arguments(history: &mut [Value], id: &str, arguments: &str)
         };
         for call in calls.iter_mut() {
             let Value::Dict(call) = call else { continue };
-            if call.get("id") != Some(&Value::Str(id.to_owned())) {
+            if call.get("id").and_then(Value::as_str) != Some(id) {
                 continue;
             }
             if let Some(Value::Dict(function)) = call.get_mut("function") {
-                function.insert("arguments".to_owned(), Value::Str(arguments.to_owned()));
+                function.insert("arguments", Value::from(arguments));
                 return true;
             }
         }

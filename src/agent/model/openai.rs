@@ -346,7 +346,7 @@ fn parse_chat_completion(bytes: &[u8]) -> Result<ModelResponse, String> {
     };
     let mut message = message.clone();
     if !message.contains_key("role") {
-        message.insert("role".to_owned(), Value::Str("assistant".to_owned()));
+        message.insert("role", Value::from("assistant"));
     }
     let message = Value::Dict(message);
     tool_calls(&message).map_err(|e| format!("choices[0].message: {e}"))?;

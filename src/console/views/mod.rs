@@ -209,7 +209,7 @@ pub fn pretty(value: &Value) -> String {
                 out.push_str("{\n");
                 for (i, (key, item)) in dict.iter().enumerate() {
                     out.push_str(&pad(indent + 1));
-                    let key = pyjson::dumps(&Value::Str(key.clone())).unwrap_or_default();
+                    let key = pyjson::dumps(&Value::Str(key.to_string())).unwrap_or_default();
                     out.push_str(&key);
                     out.push_str(": ");
                     write(item, indent + 1, out);

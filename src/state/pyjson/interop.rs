@@ -51,7 +51,7 @@ impl serde::Serialize for Value {
             Value::Dict(dict) => {
                 let mut map = serializer.serialize_map(Some(dict.len()))?;
                 for (k, v) in dict {
-                    map.serialize_entry(k, v)?;
+                    map.serialize_entry(k.as_str(), v)?;
                 }
                 map.end()
             }
@@ -120,7 +120,7 @@ impl TryFrom<&Value> for serde_json::Value {
             Value::Dict(dict) => {
                 let mut map = serde_json::Map::with_capacity(dict.len());
                 for (k, v) in dict {
-                    map.insert(k.clone(), serde_json::Value::try_from(v)?);
+                    map.insert(k.to_string(), serde_json::Value::try_from(v)?);
                 }
                 serde_json::Value::Object(map)
             }

@@ -25,13 +25,17 @@
 //! Files: `value` (the value model), `reader` ([`loads`]), `writer` ([`dumps`]) and `interop`
 //! (serde and `serde_json`).
 
+mod dict;
 mod interop;
 mod reader;
 mod value;
 mod writer;
 
+/// The type of a [`Dict`]'s keys: a string stored inline up to 24 bytes.
+pub use compact_str::CompactString;
+pub use dict::Dict;
 pub use reader::loads;
-pub use value::{Dict, Int, Value};
+pub use value::{Int, Value};
 pub(crate) use writer::Writer;
 pub use writer::dumps;
 

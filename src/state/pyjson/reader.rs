@@ -1,5 +1,6 @@
 //! [`loads`]: a parser following CPython's `_json.c` scanner.
 
+use compact_str::CompactString;
 use num_bigint::BigInt;
 
 use super::{
@@ -79,7 +80,7 @@ struct Parser<'t> {
     /// Items of the open lists, innermost last.
     items: Vec<Value>,
     /// Entries of the open dicts, innermost last.
-    entries: Vec<(String, Value)>,
+    entries: Vec<(CompactString, Value)>,
     /// Reused buffer for decoding strings with escapes.
     scratch: String,
 }
@@ -184,17 +185,8 @@ impl Parser<'_> {
                             Some(b'}') => {
                                 self.pos += 1;
                                 stack.pop();
-                                let entries = self.entries.drain(start..);
-                                let mut dict = Dict::with_capacity_and_hasher(
-                                    entries.len(),
-                                    Default::default(),
-                                );
-                                // `insert` keeps an existing key's position and replaces its value:
-                                // what assigning into a Python dict does with duplicate keys.
-                                for (k, v) in entries {
-                                    dict.insert(k, v);
-                                }
-                                value = Value::Dict(dict);
+                                value =
+                                    Value::Dict(Dict::from_entries(self.entries.drain(start..)));
                             }
                             _ => return Err(fail(self.pos, "Expecting ',' delimiter")),
                         }
@@ -205,14 +197,14 @@ impl Parser<'_> {
     }
 
     /// Reads `"key" :` and the whitespace after it.
-    fn key(&mut self) -> Result<String, Fail> {
+    fn key(&mut self) -> Result<CompactString, Fail> {
         if self.peek() != Some(b'"') {
             return Err(fail(
                 self.pos,
                 "Expecting property name enclosed in double quotes",
             ));
         }
-        let key = self.string()?;
+        let key = self.string(|s| CompactString::from(s))?;
         self.skip_ws();
         if self.peek() != Some(b':') {
             return Err(fail(self.pos, "Expecting ':' delimiter"));
@@ -229,7 +221,7 @@ impl Parser<'_> {
             |word: &[u8], value: Value| rest.starts_with(word).then_some((word.len(), value));
         let found = match rest.first() {
             None => return Err(fail(self.pos, "Expecting value")),
-            Some(b'"') => return self.string().map(Value::Str),
+            Some(b'"') => return self.string(str::to_owned).map(Value::Str),
             Some(b'n') => literal(b"null", Value::Null),
             Some(b't') => literal(b"true", Value::Bool(true)),
             Some(b'f') => literal(b"false", Value::Bool(false)),
@@ -342,8 +334,9 @@ impl Parser<'_> {
             .map_err(|e| fail(start, format!("invalid integer `{literal}`: {e}")))
     }
 
-    /// Reads a string literal starting at the opening quote.
-    fn string(&mut self) -> Result<String, Fail> {
+    /// Reads a string literal starting at the opening quote; `make` turns its decoded text into
+    /// the string type wanted (a value's `String`, a key's inline `CompactString`).
+    fn string<S>(&mut self, make: impl FnOnce(&str) -> S) -> Result<S, Fail> {
         let b = self.bytes;
         let begin = self.pos;
         let start = begin + 1;
@@ -351,7 +344,7 @@ impl Parser<'_> {
         if b.get(i) == Some(&b'"') {
             // No escapes: one allocation, one copy.
             self.pos = i + 1;
-            return Ok(self.text[start..i].to_owned());
+            return Ok(make(&self.text[start..i]));
         }
         // Decode into the reusable scratch buffer, then copy once into an exact-size string. Runs
         // end at ASCII bytes, so they are slices of the text at character boundaries: nothing is
@@ -364,7 +357,7 @@ impl Parser<'_> {
                 None => break Err(fail(begin, "Unterminated string starting at")),
                 Some(b'"') => {
                     self.pos = i + 1;
-                    break Ok(out.as_str().to_owned());
+                    break Ok(make(out.as_str()));
                 }
                 Some(b'\\') => {
                     // The common escapes inline; surrogates, refusals and errors in `escape`.

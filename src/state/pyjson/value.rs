@@ -2,15 +2,10 @@
 
 use std::fmt;
 
-use indexmap::IndexMap;
+use compact_str::CompactString;
 use num_bigint::BigInt;
 
-use super::{JsonError, dumps};
-
-/// A JSON object as Python holds it: keys in insertion order. Hashed with foldhash (randomly
-/// seeded), several times faster than the default SipHash on short keys; create one with
-/// `Dict::default()` or `Dict::with_capacity_and_hasher(n, Default::default())`.
-pub type Dict = IndexMap<String, Value, foldhash::fast::RandomState>;
+use super::{Dict, JsonError, dumps};
 
 /// A JSON value as CPython's `json` module models it.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -379,7 +374,7 @@ impl FromIterator<Value> for Value {
     }
 }
 
-impl<K: Into<String>> FromIterator<(K, Value)> for Value {
+impl<K: Into<CompactString>> FromIterator<(K, Value)> for Value {
     fn from_iter<I: IntoIterator<Item = (K, Value)>>(iter: I) -> Self {
         Value::Dict(iter.into_iter().map(|(k, v)| (k.into(), v)).collect())
     }

@@ -108,7 +108,7 @@ impl Writer {
     pub(crate) fn value(&mut self, root: &Value) -> Result<(), JsonError> {
         enum Open<'v> {
             List(std::slice::Iter<'v, Value>),
-            Dict(indexmap::map::Iter<'v, String, Value>),
+            Dict(super::dict::Iter<'v>),
         }
         let mut stack: Vec<Open<'_>> = Vec::new();
         let mut current = root;

@@ -22,8 +22,8 @@
 //! float digits, re-formatted to Python's `float.__repr__` rules. Both are iterative, so deeply
 //! nested input cannot overflow the stack.
 //!
-//! Files: `value` (the value model), `reader` ([`loads`]), `writer` ([`dumps`]) and `interop`
-//! (serde and `serde_json`).
+//! Files: `value` (the value model), `dict` ([`Dict`]), `reader` ([`loads`]), `writer`
+//! ([`dumps`]) and `interop` (serde and `serde_json`).
 
 mod dict;
 mod interop;

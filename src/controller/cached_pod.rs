@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// A worker Pod: its metadata and how it ended (a `v1` `Pod` read through the Pods' API).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct CachedPod {
-    /// The Pod's metadata (the cache drops its managed fields and annotations).
+    /// The Pod's metadata (the cache drops its managed fields, annotations and labels).
     pub metadata: ObjectMeta,
     /// What the Pod's status says of how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,10 +86,12 @@ impl Resource for CachedPod {
 }
 
 impl CachedPod {
-    /// Drops what the watch decoded but a reconcile does not read: managed fields, annotations.
+    /// Drops what the watch decoded but a reconcile does not read: managed fields, annotations,
+    /// labels (a run's Pods are found by their owner reference).
     pub fn strip(&mut self) {
         self.metadata.managed_fields = None;
         self.metadata.annotations = None;
+        self.metadata.labels = None;
     }
 }
 
@@ -172,7 +174,8 @@ mod tests {
             }
         );
         assert_eq!(cached.metadata.name, pod.metadata.name);
-        assert_eq!(cached.metadata.labels, pod.metadata.labels);
+        assert!(pod.metadata.labels.is_some());
+        assert_eq!(cached.metadata.labels, None);
         assert_eq!(cached.resource_version().as_deref(), Some("7"));
         assert!(cached.metadata.owner_references.is_some());
         assert_eq!(

@@ -30,6 +30,7 @@ pub mod policy_status;
 pub mod reconcile;
 pub mod resolutions;
 pub mod runtime;
+pub mod shared_snapshots;
 pub mod signing;
 pub mod state_cache;
 pub mod verify;

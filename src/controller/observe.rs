@@ -81,10 +81,14 @@ impl Observed {
         if let Some(http) = spec.tools.iter().find(|t| t.name == tool) {
             return http.requires_approval;
         }
-        let snapshot = match self.run.status.as_ref().and_then(|s| s.agent.clone()) {
+        let of_agent;
+        let snapshot = match self.run.status.as_ref().and_then(|s| s.agent.as_deref()) {
             Some(snapshot) => snapshot,
             None => match self.agent.as_deref() {
-                Some(agent) => AgentSnapshot::of(agent),
+                Some(agent) => {
+                    of_agent = AgentSnapshot::of(agent);
+                    &of_agent
+                }
                 None => return true,
             },
         };

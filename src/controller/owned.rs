@@ -41,7 +41,7 @@ impl<K: Resource<DynamicType = ()>> Default for Index<K> {
 
 impl<K: Resource<DynamicType = ()>> Index<K> {
     fn insert(&mut self, object: &K) {
-        let key = ObjectRef::from_obj(object);
+        let key = slim_key(object);
         self.remove(&key);
         let owners: Vec<String> = object
             .owner_references()
@@ -71,6 +71,14 @@ impl<K: Resource<DynamicType = ()>> Index<K> {
     }
 }
 
+/// The object's key without its resourceVersion and uid: keys are compared by kind, namespace and
+/// name, and the index keeps two copies of each object's key.
+fn slim_key<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
+    let mut key = ObjectRef::from_obj(object);
+    key.extra = Default::default();
+    key
+}
+
 impl<K> Owned<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
@@ -91,7 +99,7 @@ where
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(object) => index.live.insert(object),
-            watcher::Event::Delete(object) => index.live.remove(&ObjectRef::from_obj(object)),
+            watcher::Event::Delete(object) => index.live.remove(&slim_key(object)),
             watcher::Event::Init => index.relist = Some(Index::default()),
             watcher::Event::InitApply(object) => index
                 .relist

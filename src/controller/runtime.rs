@@ -20,6 +20,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::cached_pod::CachedPod;
+use super::shared_snapshots::SharedSnapshots;
 use super::{
     ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
     metrics, owned::Owned, policy_status, reconcile, state_cache,
@@ -166,13 +167,14 @@ async fn run_controllers(
     let request_tap = run_tap.clone();
     let (run_reader, run_writer) = reflector::store();
     let observed_states = states.clone();
+    let snapshots = SharedSnapshots::default();
     let run_stream = watcher(
         scoped::<AgentRun>(&client, &config.namespace),
         list_config(&config).page_size(RUN_LIST_PAGE_SIZE),
     )
     .default_backoff()
     .inspect_ok(move |event| observed_states.observe_event(event))
-    .modify(strip_run)
+    .modify(move |run| strip_run(run, &snapshots))
     .inspect_ok(move |event| {
         if let Some(tap) = &run_tap {
             tap.run(event);
@@ -227,7 +229,7 @@ async fn run_controllers(
         list_config(&config),
     )
     .default_backoff()
-    .modify(|a: &mut Agent| a.managed_fields_mut().clear())
+    .modify(|a: &mut Agent| a.metadata.managed_fields = None)
     .reflect_shared(agent_writer)
     .inspect_ok(synced(&probe, AGENTS))
     .for_each(|_| future::ready(()));
@@ -243,7 +245,7 @@ async fn run_controllers(
         list_config(&config),
     )
     .default_backoff()
-    .modify(|p: &mut ApprovalPolicy| p.managed_fields_mut().clear())
+    .modify(|p: &mut ApprovalPolicy| p.metadata.managed_fields = None)
     .reflect_shared(policy_writer)
     .inspect_ok(synced(&probe, APPROVAL_POLICIES))
     .for_each(|_| future::ready(()));
@@ -257,7 +259,7 @@ async fn run_controllers(
         namespace_config,
     )
     .default_backoff()
-    .modify(|n| n.managed_fields_mut().clear())
+    .modify(|n| n.metadata.managed_fields = None)
     .reflect(namespace_writer)
     .inspect_ok(synced(&probe, NAMESPACES))
     .for_each(|_| future::ready(()));
@@ -413,12 +415,19 @@ fn list_config(config: &ControllerConfig) -> watcher::Config {
     }
 }
 
-/// The cache keeps runs without their RunState (and managed fields): its memory does not grow
-/// with the size of the runs' conversations.
-fn strip_run(run: &mut AgentRun) {
-    run.managed_fields_mut().clear();
+/// The cache keeps of a run what a reconcile and the notifier read. Its memory does not grow with
+/// the runs' conversations: no RunState, no input (the worker reads it from the API server), no
+/// final output (the controller writes it, nothing reads it back), no managed fields. And the runs
+/// bound to one Agent snapshot share one copy of it.
+fn strip_run(run: &mut AgentRun, snapshots: &SharedSnapshots) {
+    run.metadata.managed_fields = None;
+    run.spec.input = String::new();
     if let Some(status) = run.status.as_mut() {
         status.run_state = None;
+        status.final_output = None;
+        if let Some(snapshot) = status.agent.as_mut() {
+            snapshots.share(snapshot);
+        }
     }
 }
 
@@ -427,7 +436,7 @@ fn strip_run(run: &mut AgentRun) {
 /// assertion: the controller writes it but never reads it back (the worker reads it from the API
 /// server), and at about 1 KiB it is the largest field of an approved request.
 fn strip_request(request: &mut ApprovalRequest) {
-    request.managed_fields_mut().clear();
+    request.metadata.managed_fields = None;
     request.metadata.labels = None;
     if let Some(status) = request.status.as_mut() {
         status.assertion = None;
@@ -524,10 +533,64 @@ async fn policies_installed(
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        ManagedFieldsEntry, OwnerReference, Time,
+    };
 
     use super::*;
-    use crate::crd::{ApprovalPhase, Decision, halted_state};
+    use crate::crd::{
+        Agent, AgentRunPhase, AgentSnapshot, ApprovalPhase, Decision, ToolCallRecord, halted_state,
+    };
+
+    #[test]
+    fn a_cached_run_keeps_what_a_reconcile_reads_and_shares_its_agent_snapshot() {
+        let snapshots = SharedSnapshots::default();
+        let cached = |name: &str| {
+            let mut run = AgentRun::test()
+                .in_phase(Some(AgentRunPhase::AwaitingApproval))
+                .with_pending(1);
+            run.metadata.name = Some(name.into());
+            run.metadata.labels = Some([("team".to_owned(), "ops".to_owned())].into());
+            run.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+            let status = run.status.as_mut().expect("status");
+            status.run_state = Some("{}".into());
+            status.final_output = Some("done".into());
+            status.agent = Some(Arc::new(AgentSnapshot::of(&Agent::test())));
+            status.tool_calls = vec![ToolCallRecord {
+                tool_call_id: "call_1".into(),
+                tool_name: "delete_user".into(),
+                step: 1,
+                started_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                resent: None,
+                outcome: None,
+            }];
+            let before = run.clone();
+            strip_run(&mut run, &snapshots);
+            (before, run)
+        };
+        let (before, run) = cached("r1");
+
+        assert_eq!(run.metadata.managed_fields, None);
+        assert_eq!(run.spec.input, "");
+        let status = run.status.as_ref().expect("status");
+        assert_eq!(status.run_state, None);
+        assert_eq!(status.final_output, None);
+        // What a reconcile and the notifier read is kept as it was.
+        let was = before.status.as_ref().expect("status");
+        assert_eq!(run.spec.agent_ref, before.spec.agent_ref);
+        assert_eq!(run.metadata.labels, before.metadata.labels);
+        assert_eq!(status.agent, was.agent);
+        assert_eq!(status.tool_calls, was.tool_calls);
+        assert_eq!(status.phase, was.phase);
+        assert_eq!(status.pending_approvals, was.pending_approvals);
+
+        let (_, other) = cached("r2");
+        let shared = |run: &AgentRun| run.status.as_ref().and_then(|s| s.agent.clone());
+        assert!(Arc::ptr_eq(
+            &shared(&run).expect("snapshot"),
+            &shared(&other).expect("snapshot")
+        ));
+    }
 
     #[test]
     fn a_cached_request_keeps_what_a_reconcile_reads_and_drops_the_rest() {

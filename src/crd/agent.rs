@@ -256,7 +256,7 @@ pub struct AgentSnapshot {
     /// The SHA-256 (lowercase hex) of spec.
     #[schemars(length(equal = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
     pub spec_digest: String,
-    /// The Agent's spec as the run uses it (left out of the controller's cache).
+    /// The Agent's spec as the run uses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<AgentSpec>,
     /// The MCP tools the run may call, as their servers defined them when it started (from the

@@ -183,7 +183,7 @@ pub struct AgentRunStatus {
     pub tool_calls: Vec<ToolCallRecord>,
     /// The Agent this run is bound to: recorded when the run starts and used by every step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<super::AgentSnapshot>,
+    pub agent: Option<std::sync::Arc<super::AgentSnapshot>>,
     /// When the RunState is offloaded (encoding `gzip+base64+chunks`), how many RunStateChunks
     /// `<run>-state-<digest prefix>-<i>` hold it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -122,7 +122,7 @@ impl Notifier {
         let _namespace_watch = AbortOnDropHandle::new(tokio::spawn(
             watcher(Api::<Namespace>::all(client.clone()), namespace_config)
                 .default_backoff()
-                .modify(|n: &mut Namespace| n.managed_fields_mut().clear())
+                .modify(|n: &mut Namespace| n.metadata.managed_fields = None)
                 .reflect(namespace_writer)
                 .for_each(move |event| {
                     match event {

@@ -25,10 +25,10 @@ use tracing::{Instrument, info, warn};
 use crate::agent::{ApiKey, RunStatus, Runner};
 use crate::approval_policy::Gates;
 use crate::chunk_store;
-use crate::crd::AgentRun;
 use crate::crd::keys::field_managers;
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::stored_state::{StoredState, StoredStateError};
+use crate::crd::{AgentRun, AgentSnapshot};
 use crate::state::RunState;
 
 /// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
@@ -139,7 +139,7 @@ pub async fn run_step(
         client.clone(),
         &run,
         step,
-        snapshot.clone(),
+        AgentSnapshot::clone(&snapshot),
         status.tool_calls.clone(),
     ));
     let runner = Runner::new()?

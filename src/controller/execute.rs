@@ -271,7 +271,7 @@ impl Executor {
             action: reason.into(),
             secondary: announcement.related,
         };
-        let recorder = self.ctx.recorder.clone();
+        let recorder = self.ctx.recorder_for(&event.type_);
         let regarding = self.regarding.clone();
         let permits = self.ctx.event_publishes.clone();
         tokio::spawn(

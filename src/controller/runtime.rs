@@ -298,7 +298,8 @@ async fn run_controllers(
         .mcp_rediscovery
         .unwrap_or(agent_status::DEFAULT_REDISCOVERY);
     let context = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
+        reporter,
         client: client.clone(),
         config,
         metrics: probe.metrics.clone(),

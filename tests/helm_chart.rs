@@ -2121,6 +2121,8 @@ async fn helm_upgrade_and_uninstall_leave_nothing_behind() {
         .unwrap();
     let rust_log = env.iter().find(|e| e.name == "RUST_LOG").unwrap();
     assert_eq!(rust_log.value.as_deref(), Some("debug"));
+    let thp = env.iter().find(|e| e.name == "MIMALLOC_ALLOW_THP").unwrap();
+    assert_eq!(thp.value.as_deref(), Some("0"));
     let status = helm(
         cp,
         &strings(&["status", &name, "--namespace", &ns.name, "-o", "json"]),

@@ -87,11 +87,26 @@ impl Resource for CachedPod {
 
 impl CachedPod {
     /// Drops what the watch decoded but a reconcile does not read: managed fields, annotations,
-    /// labels (a run's Pods are found by their owner reference).
+    /// labels (a run's Pods are found by their owner reference), the containers of a Pod that
+    /// succeeded (only its phase counts), and of a terminated container all but its exit code,
+    /// message and end.
     pub fn strip(&mut self) {
         self.metadata.managed_fields = None;
         self.metadata.annotations = None;
         self.metadata.labels = None;
+        let Some(status) = self.status.as_mut() else {
+            return;
+        };
+        if status.phase.as_deref() == Some("Succeeded") {
+            status.container_statuses = None;
+        }
+        let terminated = status.container_statuses.iter_mut().flatten();
+        for t in terminated.filter_map(|c| c.state.as_mut()?.terminated.as_mut()) {
+            t.container_id = None;
+            t.reason = None;
+            t.started_at = None;
+            t.signal = None;
+        }
     }
 }
 
@@ -147,6 +162,8 @@ mod tests {
                     terminated: Some(ContainerStateTerminated {
                         exit_code: 3,
                         message: Some("the model refused".into()),
+                        container_id: Some("containerd://0123456789abcdef".into()),
+                        reason: Some("Error".into()),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -191,6 +208,33 @@ mod tests {
         assert_eq!(
             CachedPod::url_path(&(), Some("ns")),
             "/api/v1/namespaces/ns/pods"
+        );
+    }
+
+    #[test]
+    fn a_succeeded_pod_keeps_only_its_phase_and_a_failed_one_how_its_container_ended() {
+        let failed = failed_pod();
+        let mut succeeded = failed.clone();
+        succeeded.status.as_mut().unwrap().phase = Some("Succeeded".into());
+
+        let mut cached = CachedPod::from(succeeded);
+        cached.strip();
+        assert_eq!(pod_outcome(Some(&cached)), PodOutcome::Succeeded);
+        assert_eq!(cached.status.unwrap().container_statuses, None);
+
+        let mut cached = CachedPod::from(failed);
+        cached.strip();
+        let statuses = cached.status.unwrap().container_statuses.unwrap();
+        assert_eq!(
+            statuses[0]
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref()),
+            Some(&ContainerStateTerminated {
+                exit_code: 3,
+                message: Some("the model refused".into()),
+                ..Default::default()
+            })
         );
     }
 

@@ -190,8 +190,7 @@ impl Executor {
     /// cached: its creation is the halt).
     fn trace_approval(&self, resolution: &crate::controller::resolutions::Resolution) {
         use crate::telemetry::spans::{Approver, approval};
-        let key = kube::runtime::reflector::ObjectRef::new(&resolution.request).within(&self.ns);
-        let Some(request) = self.ctx.requests.get(&key) else {
+        let Some(request) = self.ctx.requests.get(&self.ns, &resolution.request) else {
             return;
         };
         let approver = match (&resolution.identity, &resolution.gitops) {

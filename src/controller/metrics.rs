@@ -18,6 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::owned::Owned;
 use crate::crd::{AgentRun, AgentRunPhase, ApprovalPhase, ApprovalRequest, Reason};
 
 /// Labels of the reconcile counter.
@@ -148,7 +149,7 @@ impl Metrics {
     }
 
     /// Sets the gauges from the caches and renders the registry.
-    pub fn render(&self, runs: &Store<AgentRun>, requests: &Store<ApprovalRequest>) -> String {
+    pub fn render(&self, runs: &Store<AgentRun>, requests: &Owned<ApprovalRequest>) -> String {
         for &phase in <AgentRunPhase as strum::VariantArray>::VARIANTS {
             let count = runs
                 .state()
@@ -180,6 +181,9 @@ impl Metrics {
     }
 }
 
+/// The caches the metrics count: runs and ApprovalRequests.
+pub type Caches = (Store<AgentRun>, Arc<Owned<ApprovalRequest>>);
+
 /// What the HTTP endpoints read.
 #[derive(Clone)]
 pub struct Probe {
@@ -190,7 +194,7 @@ pub struct Probe {
     /// Which caches have synced (one bit each).
     pub synced: Arc<std::sync::atomic::AtomicU8>,
     /// The caches, once the controller runs.
-    pub caches: Arc<std::sync::OnceLock<(Store<AgentRun>, Store<ApprovalRequest>)>>,
+    pub caches: Arc<std::sync::OnceLock<Caches>>,
     /// The JWKS of the approval assertions' public keys, when the controller signs them.
     pub jwks: Option<Arc<str>>,
 }
@@ -262,7 +266,7 @@ mod tests {
         metrics.worker_failures.inc();
         metrics.refused(Reason::TamperedState);
         let (runs, _) = kube::runtime::reflector::store::<AgentRun>();
-        let (requests, _) = kube::runtime::reflector::store::<ApprovalRequest>();
+        let requests = Owned::<ApprovalRequest>::new();
         let text = metrics.render(&runs, &requests);
         for name in [
             "agentrun_reconciles_total{result=\"ok\"} 1",

@@ -1,113 +1,147 @@
-//! [`Owned`]: a cache of the objects runs own (worker Pods, ApprovalRequests), indexed by the uid
+//! [`Owned`]: the cache of the objects runs own (worker Pods, ApprovalRequests), kept by the uid
 //! of their owners, so that a reconcile finds its run's objects without scanning every cached
 //! object (at 10,000 runs, tens of thousands of them).
+//!
+//! It is its own store rather than a reflector's `Store` plus an index: a reflector keys each
+//! object by a full `ObjectRef` (kind, namespace, name, resourceVersion and uid, four strings),
+//! and an index beside it would key each object twice more. Here an object costs one map slot
+//! keyed by its namespace (shared) and name, and a place in its owner's list.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-/// A reflector's store, and an index of its objects by owner uid that follows the same watch.
-pub struct Owned<K>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    store: Store<K>,
-    index: RwLock<Relisted<K>>,
+/// The objects a watch reports, kept by namespace and name and found by owner uid.
+pub struct Owned<K: Resource<DynamicType = ()>> {
+    objects: RwLock<Relisted<K>>,
 }
 
-/// The index, and while the watch relists, the index of the relisted objects: like the
-/// reflector's store, it replaces the live one when the relist is done.
-struct Relisted<K: Resource<DynamicType = ()>> {
-    live: Index<K>,
-    relist: Option<Index<K>>,
+/// The objects, and while the watch relists, the relisted ones: like a reflector's store, they
+/// replace the live ones when the relist is done.
+struct Relisted<K> {
+    live: Objects<K>,
+    relist: Option<Objects<K>>,
 }
 
-struct Index<K: Resource<DynamicType = ()>> {
-    by_owner: HashMap<String, HashSet<ObjectRef<K>>>,
-    owners: HashMap<ObjectRef<K>, Vec<String>>,
+/// An object's namespace and name.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    namespace: Option<Arc<str>>,
+    name: Arc<str>,
 }
 
-impl<K: Resource<DynamicType = ()>> Default for Index<K> {
+struct Objects<K> {
+    by_key: HashMap<Key, Arc<K>>,
+    /// The keys of each owner's objects (an owner's objects are in its namespace).
+    by_owner: HashMap<Box<str>, Vec<Key>>,
+    /// Each namespace's name once, shared by the keys.
+    namespaces: HashSet<Arc<str>>,
+}
+
+impl<K> Default for Objects<K> {
     fn default() -> Self {
-        Index {
+        Objects {
+            by_key: HashMap::new(),
             by_owner: HashMap::new(),
-            owners: HashMap::new(),
+            namespaces: HashSet::new(),
         }
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Index<K> {
-    fn insert(&mut self, object: &K) {
-        let key = slim_key(object);
-        self.remove(&key);
-        let owners: Vec<String> = object
-            .owner_references()
-            .iter()
-            .map(|o| o.uid.clone())
-            .collect();
-        for uid in &owners {
-            self.by_owner
-                .entry(uid.clone())
-                .or_default()
-                .insert(key.clone());
-        }
-        if !owners.is_empty() {
-            self.owners.insert(key, owners);
+impl<K: Resource<DynamicType = ()>> Objects<K> {
+    fn key(&mut self, object: &K) -> Key {
+        let namespace = object.meta().namespace.as_deref().map(|ns| {
+            if let Some(shared) = self.namespaces.get(ns) {
+                shared.clone()
+            } else {
+                let shared: Arc<str> = ns.into();
+                self.namespaces.insert(shared.clone());
+                shared
+            }
+        });
+        Key {
+            namespace,
+            name: object.meta().name.as_deref().unwrap_or_default().into(),
         }
     }
 
-    fn remove(&mut self, key: &ObjectRef<K>) {
-        for uid in self.owners.remove(key).unwrap_or_default() {
-            if let Some(keys) = self.by_owner.get_mut(&uid) {
-                keys.remove(key);
+    fn insert(&mut self, object: &K)
+    where
+        K: Clone,
+    {
+        let mut key = self.key(object);
+        if let Some((old_key, old)) = self.by_key.remove_entry(&key) {
+            self.unlink(&old_key, &old);
+            key = old_key;
+        }
+        for uid in owner_uids(object) {
+            let keys = self.by_owner.entry(uid.into()).or_default();
+            if !keys.contains(&key) {
+                keys.push(key.clone());
+            }
+        }
+        self.by_key.insert(key, Arc::new(object.clone()));
+    }
+
+    fn remove(&mut self, object: &K) {
+        let key = self.key(object);
+        if let Some(old) = self.by_key.remove(&key) {
+            self.unlink(&key, &old);
+        }
+    }
+
+    /// Takes `key` out of the lists of `old`'s owners.
+    fn unlink(&mut self, key: &Key, old: &K) {
+        for uid in owner_uids(old) {
+            if let Some(keys) = self.by_owner.get_mut(uid) {
+                keys.retain(|k| k != key);
                 if keys.is_empty() {
-                    self.by_owner.remove(&uid);
+                    self.by_owner.remove(uid);
                 }
             }
         }
     }
 }
 
-/// The object's key without its resourceVersion and uid: keys are compared by kind, namespace and
-/// name, and the index keeps two copies of each object's key.
-fn slim_key<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
-    let mut key = ObjectRef::from_obj(object);
-    key.extra = Default::default();
-    key
+fn owner_uids<K: Resource>(object: &K) -> impl Iterator<Item = &str> {
+    object
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| o.uid.as_str())
 }
 
 impl<K> Owned<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    /// The objects of `store`, indexed from the events of the watch that fills it.
-    pub fn new(store: Store<K>) -> Owned<K> {
+    /// An empty cache, filled by [`Owned::observe_event`].
+    pub fn new() -> Owned<K> {
         Owned {
-            store,
-            index: RwLock::new(Relisted {
-                live: Index::default(),
+            objects: RwLock::new(Relisted {
+                live: Objects::default(),
                 relist: None,
             }),
         }
     }
 
-    /// Follows the watch (call it on each event once the store has it).
+    /// Follows the watch (call it on each of its events, in order).
     pub fn observe_event(&self, event: &watcher::Event<K>) {
-        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(object) => index.live.insert(object),
-            watcher::Event::Delete(object) => index.live.remove(&slim_key(object)),
-            watcher::Event::Init => index.relist = Some(Index::default()),
-            watcher::Event::InitApply(object) => index
+            watcher::Event::Apply(object) => objects.live.insert(object),
+            watcher::Event::Delete(object) => objects.live.remove(object),
+            watcher::Event::Init => objects.relist = Some(Objects::default()),
+            watcher::Event::InitApply(object) => objects
                 .relist
-                .get_or_insert_with(Index::default)
+                .get_or_insert_with(Objects::default)
                 .insert(object),
             watcher::Event::InitDone => {
-                if let Some(relisted) = index.relist.take() {
-                    index.live = relisted;
+                if let Some(relisted) = objects.relist.take() {
+                    objects.live = relisted;
                 }
             }
         }
@@ -118,23 +152,40 @@ where
         let (Some(uid), ns) = (owner.uid(), owner.namespace()) else {
             return vec![];
         };
-        let keys: Vec<ObjectRef<K>> = {
-            let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-            match index.live.by_owner.get(&uid) {
-                Some(keys) => keys.iter().cloned().collect(),
-                None => return vec![],
-            }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let Some(keys) = objects.live.by_owner.get(uid.as_str()) else {
+            return vec![];
         };
         keys.iter()
-            .filter_map(|key| self.store.get(key))
-            .filter(|o| o.namespace() == ns && o.owner_references().iter().any(|r| r.uid == uid))
-            .map(|o| (*o).clone())
+            .filter(|key| key.namespace.as_deref() == ns.as_deref())
+            .filter_map(|key| objects.live.by_key.get(key))
+            .map(|o| (**o).clone())
             .collect()
     }
 
-    /// The cached object `key`.
-    pub fn get(&self, key: &ObjectRef<K>) -> Option<std::sync::Arc<K>> {
-        self.store.get(key)
+    /// The cached object `name` in `namespace`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let key = Key {
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        };
+        objects.live.by_key.get(&key).cloned()
+    }
+
+    /// Every cached object.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects.live.by_key.values().cloned().collect()
+    }
+}
+
+impl<K> Default for Owned<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn default() -> Self {
+        Owned::new()
     }
 }
 
@@ -143,7 +194,6 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use kube::runtime::reflector::{self, store::Writer};
 
     fn pod(name: &str, owners: &[&str]) -> Pod {
         let mut pod = Pod::default();
@@ -167,9 +217,7 @@ mod tests {
         owner
     }
 
-    /// Applies `event` to the store, then to the index, as the watch does.
-    fn apply(writer: &mut Writer<Pod>, owned: &Owned<Pod>, event: watcher::Event<Pod>) {
-        writer.apply_watcher_event(&event);
+    fn apply(owned: &Owned<Pod>, event: watcher::Event<Pod>) {
         owned.observe_event(&event);
     }
 
@@ -181,29 +229,45 @@ mod tests {
 
     #[test]
     fn finds_what_an_owner_owns_across_changes_deletes_and_relists() {
-        let (reader, mut writer) = reflector::store();
-        let owned = Owned::new(reader);
-        let e = &mut writer;
-        apply(e, &owned, watcher::Event::Apply(pod("a", &["u1"])));
-        apply(e, &owned, watcher::Event::Apply(pod("b", &["u1", "u2"])));
-        apply(e, &owned, watcher::Event::Apply(pod("c", &["u2"])));
+        let owned = Owned::new();
+        apply(&owned, watcher::Event::Apply(pod("a", &["u1"])));
+        apply(&owned, watcher::Event::Apply(pod("b", &["u1", "u2"])));
+        apply(&owned, watcher::Event::Apply(pod("c", &["u2"])));
         assert_eq!(names(&owned, "u1"), ["a", "b"]);
         assert_eq!(names(&owned, "u2"), ["b", "c"]);
-        apply(e, &owned, watcher::Event::Apply(pod("b", &["u2"])));
+        apply(&owned, watcher::Event::Apply(pod("c", &["u2"])));
+        assert_eq!(
+            names(&owned, "u2"),
+            ["b", "c"],
+            "an update replaces the object"
+        );
+        apply(&owned, watcher::Event::Apply(pod("b", &["u2"])));
         assert_eq!(names(&owned, "u1"), ["a"], "b changed owners");
-        apply(e, &owned, watcher::Event::Delete(pod("c", &["u2"])));
+        apply(&owned, watcher::Event::Delete(pod("c", &["u2"])));
         assert_eq!(names(&owned, "u2"), ["b"]);
         let mut elsewhere = pod("d", &["u1"]);
         elsewhere.metadata.namespace = Some("other".into());
-        apply(e, &owned, watcher::Event::Apply(elsewhere));
+        apply(&owned, watcher::Event::Apply(elsewhere));
         assert_eq!(names(&owned, "u1"), ["a"], "another namespace's");
 
-        apply(e, &owned, watcher::Event::Init);
-        apply(e, &owned, watcher::Event::InitApply(pod("x", &["u1"])));
+        apply(&owned, watcher::Event::Init);
+        apply(&owned, watcher::Event::InitApply(pod("x", &["u1"])));
         assert_eq!(names(&owned, "u1"), ["a"], "the relist is not done");
-        apply(e, &owned, watcher::Event::InitDone);
+        apply(&owned, watcher::Event::InitDone);
         assert_eq!(names(&owned, "u1"), ["x"], "a and b went away meanwhile");
         assert_eq!(names(&owned, "u2"), Vec::<String>::new());
         assert_eq!(names(&owned, "nobody"), Vec::<String>::new());
+        assert_eq!(owned.get("ns", "x").map(|p| p.name_any()), Some("x".into()));
+        assert!(owned.get("other", "x").is_none());
+        assert_eq!(owned.state().len(), 1);
+    }
+
+    #[test]
+    fn a_delete_unlinks_the_object_from_the_owners_it_was_cached_with() {
+        let owned = Owned::new();
+        apply(&owned, watcher::Event::Apply(pod("a", &["u1"])));
+        apply(&owned, watcher::Event::Delete(pod("a", &[])));
+        assert_eq!(names(&owned, "u1"), Vec::<String>::new());
+        assert!(owned.get("ns", "a").is_none());
     }
 }

@@ -183,8 +183,7 @@ async fn run_controllers(
     .reflect(run_writer)
     .inspect_ok(synced(&probe, RUNS))
     .touched_objects();
-    let (pod_reader, pod_writer) = reflector::store();
-    let pods = Arc::new(Owned::new(pod_reader));
+    let pods = Arc::new(Owned::new());
     let pod_index = pods.clone();
     let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
     let pod_stream = watcher(
@@ -193,12 +192,10 @@ async fn run_controllers(
     )
     .default_backoff()
     .modify(CachedPod::strip)
-    .reflect(pod_writer)
     .inspect_ok(move |event| pod_index.observe_event(event))
     .inspect_ok(synced(&probe, PODS))
     .touched_objects();
-    let (request_reader, request_writer) = reflector::store();
-    let requests = Arc::new(Owned::new(request_reader.clone()));
+    let requests = Arc::new(Owned::new());
     let request_index = requests.clone();
     let request_stream = watcher(
         scoped::<ApprovalRequest>(&client, &config.namespace),
@@ -211,7 +208,6 @@ async fn run_controllers(
             tap.request(event);
         }
     })
-    .reflect(request_writer)
     .inspect_ok(move |event| request_index.observe_event(event))
     .inspect_ok(synced(&probe, REQUESTS))
     .touched_objects();
@@ -281,7 +277,7 @@ async fn run_controllers(
             .collect::<Vec<_>>()
     };
 
-    let _ = probe.caches.set((run_reader.clone(), request_reader));
+    let _ = probe.caches.set((run_reader.clone(), requests.clone()));
     let reporter = Reporter {
         controller: field_managers::CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok(),

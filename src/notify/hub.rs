@@ -9,7 +9,7 @@
 //! happened no earlier than the sink was created and within the horizon, and the sink's outbox
 //! does not know its id.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use super::events::Candidate;
 use super::metrics::NotifyMetrics;
 use super::outbox::{Outbox, Removed};
+use super::remembered::Remembered;
 use super::sender::{Outgoing, Report, Sender, Settings};
 use super::sink_status::{self, Outcome};
 use super::store::OutboxStore;
@@ -156,7 +157,7 @@ impl Notifier {
             listed: None,
             sinks_synced: false,
             ready: false,
-            index: HashMap::new(),
+            index: Remembered::default(),
             dirty: false,
             marks_dirty: false,
             next_save: Instant::now(),
@@ -316,8 +317,8 @@ struct Hub {
     sinks_synced: bool,
     /// Sinks and namespaces listed: events are minted.
     ready: bool,
-    /// Every event derived within the horizon, by id (the first derivation kept).
-    index: HashMap<String, Candidate>,
+    /// The events derived recently, for the sinks not seen yet.
+    index: Remembered,
     /// The outboxes changed in a way that must be persisted before anything more is sent.
     dirty: bool,
     /// Deliveries recorded but not persisted (persisted at the next tick).
@@ -413,25 +414,23 @@ impl Hub {
 
     /// Mints every remembered event for the sink `name`, oldest first.
     fn replay(&mut self, name: &str) {
-        let mut candidates: Vec<Candidate> = self.index.values().cloned().collect();
-        candidates.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
-        for candidate in &candidates {
+        for candidate in &self.index.oldest_first() {
             self.mint(name, candidate);
         }
     }
 
     fn on_candidates(&mut self, batch: Vec<Candidate>) {
         for candidate in batch {
-            if self.index.contains_key(&candidate.id) {
+            if self.index.contains(&candidate.id) {
                 continue;
             }
-            self.index.insert(candidate.id.clone(), candidate.clone());
             if self.ready {
                 let names: Vec<String> = self.sinks.keys().cloned().collect();
                 for name in names {
                     self.mint(&name, &candidate);
                 }
             }
+            self.index.insert(candidate, Instant::now());
         }
     }
 
@@ -498,7 +497,7 @@ impl Hub {
 
     fn on_tick(&mut self) {
         let oldest = tap::oldest(self.config.horizon);
-        self.index.retain(|_, c| c.time >= oldest);
+        self.index.expire(oldest, self.ready, Instant::now());
         for (name, entry) in &mut self.sinks {
             let removed = entry.outbox.expire(oldest.timestamp());
             dropped(&self.metrics, name, "expired", removed);

@@ -26,7 +26,8 @@
 //! Restarts: what was persisted is sent (again, if the delivery mark had not been persisted yet:
 //! the same id and the same bytes); what was not yet minted is derived again from the objects.
 //! Bounds: events older than the horizon (24 h by default) are neither minted nor kept (a pending
-//! one is dropped and counted), delivery marks are kept only until the horizon, and the outbox
+//! one is dropped and counted), events are remembered for sinks not seen yet only for a few
+//! minutes after they arrived ([`remembered`]), delivery marks are kept only until the horizon, and the outbox
 //! ConfigMap never exceeds [`NotifyConfig::outbox_bytes`]: the oldest marks, then the oldest
 //! pending events, are evicted first (counted too).
 
@@ -35,6 +36,7 @@ pub mod http;
 pub mod hub;
 pub mod metrics;
 pub mod outbox;
+pub mod remembered;
 pub mod sender;
 pub mod signature;
 pub mod sink_status;

@@ -157,6 +157,7 @@ impl Controller {
         log_name: &str,
     ) -> Result<(Controller, Instant), BenchError> {
         let metrics = free_port().map_err(io_error("finding a free port on 127.0.0.1"))?;
+        let allow_thp = std::env::var_os("MIMALLOC_ALLOW_THP").unwrap_or_else(|| "0".into());
         let addr = metrics.to_string();
         let process = ChildProcess::spawn(
             "controller",
@@ -173,7 +174,12 @@ impl Controller {
                 // As the chart runs it on Kubernetes >= 1.34.
                 "--streaming-lists",
             ],
-            &[("KUBECONFIG", ns.controller_kubeconfig.as_os_str())],
+            &[
+                ("KUBECONFIG", ns.controller_kubeconfig.as_os_str()),
+                // As the chart runs it, no transparent huge pages for its heap, unless the
+                // bench's own environment sets it.
+                ("MIMALLOC_ALLOW_THP", allow_thp.as_os_str()),
+            ],
             ns.dir.join(log_name),
         )?;
         let started = Instant::now();

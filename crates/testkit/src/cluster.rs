@@ -432,7 +432,14 @@ impl Drop for TestNamespace {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        let _ = std::fs::remove_dir_all(worker_dir(&self.name));
     }
+}
+
+/// Where the dev kubelet of a test runs the worker Pods of namespace `ns` (removed with the
+/// namespace, kept like it when the test fails).
+pub fn worker_dir(ns: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("agentrun-test-{ns}"))
 }
 
 /// Panics with the tool's output when it failed.

@@ -85,7 +85,7 @@ pub async fn start_dev_kubelet(cp: &ControlPlane, ns: &str) -> AbortOnDropHandle
     let config = DevKubeletConfig {
         agentrun_binary: agentrun_binary(),
         namespace: Some(ns.to_owned()),
-        work_dir: std::env::temp_dir().join(format!("agentrun-test-{ns}")),
+        work_dir: crate::cluster::worker_dir(ns),
         cluster: ClusterAccess::from_kubeconfig(&kubeconfig).expect("cluster access"),
         max_pods: 0,
     };

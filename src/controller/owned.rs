@@ -67,22 +67,19 @@ impl<K: Resource<DynamicType = ()>> Objects<K> {
         }
     }
 
-    fn insert(&mut self, object: &K)
-    where
-        K: Clone,
-    {
-        let mut key = self.key(object);
+    fn insert(&mut self, object: Arc<K>) {
+        let mut key = self.key(&object);
         if let Some((old_key, old)) = self.by_key.remove_entry(&key) {
             self.unlink(&old_key, &old);
             key = old_key;
         }
-        for uid in owner_uids(object) {
+        for uid in owner_uids(&*object) {
             let keys = self.by_owner.entry(uid.into()).or_default();
             if !keys.contains(&key) {
                 keys.push(key.clone());
             }
         }
-        self.by_key.insert(key, Arc::new(object.clone()));
+        self.by_key.insert(key, object);
     }
 
     fn remove(&mut self, object: &K) {
@@ -130,16 +127,24 @@ where
 
     /// Follows the watch (call it on each of its events, in order).
     pub fn observe_event(&self, event: &watcher::Event<K>) {
-        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        // Objects are copied before the lock is taken: reconciles read while the watch writes.
+        let lock = || self.objects.write().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(object) => objects.live.insert(object),
-            watcher::Event::Delete(object) => objects.live.remove(object),
-            watcher::Event::Init => objects.relist = Some(Objects::default()),
-            watcher::Event::InitApply(object) => objects
-                .relist
-                .get_or_insert_with(Objects::default)
-                .insert(object),
+            watcher::Event::Apply(object) => {
+                let object = Arc::new(object.clone());
+                lock().live.insert(object);
+            }
+            watcher::Event::InitApply(object) => {
+                let object = Arc::new(object.clone());
+                lock()
+                    .relist
+                    .get_or_insert_with(Objects::default)
+                    .insert(object);
+            }
+            watcher::Event::Delete(object) => lock().live.remove(object),
+            watcher::Event::Init => lock().relist = Some(Objects::default()),
             watcher::Event::InitDone => {
+                let mut objects = lock();
                 if let Some(relisted) = objects.relist.take() {
                     objects.live = relisted;
                 }
@@ -152,15 +157,18 @@ where
         let (Some(uid), ns) = (owner.uid(), owner.namespace()) else {
             return vec![];
         };
-        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        let Some(keys) = objects.live.by_owner.get(uid.as_str()) else {
-            return vec![];
+        let owned: Vec<Arc<K>> = {
+            let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+            let Some(keys) = objects.live.by_owner.get(uid.as_str()) else {
+                return vec![];
+            };
+            keys.iter()
+                .filter(|key| key.namespace.as_deref() == ns.as_deref())
+                .filter_map(|key| objects.live.by_key.get(key).cloned())
+                .collect()
         };
-        keys.iter()
-            .filter(|key| key.namespace.as_deref() == ns.as_deref())
-            .filter_map(|key| objects.live.by_key.get(key))
-            .map(|o| (**o).clone())
-            .collect()
+        // Copied once the lock is released.
+        owned.iter().map(|o| (**o).clone()).collect()
     }
 
     /// The cached object `name` in `namespace`.

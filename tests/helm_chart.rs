@@ -2123,6 +2123,11 @@ async fn helm_upgrade_and_uninstall_leave_nothing_behind() {
     assert_eq!(rust_log.value.as_deref(), Some("debug"));
     let thp = env.iter().find(|e| e.name == "MIMALLOC_ALLOW_THP").unwrap();
     assert_eq!(thp.value.as_deref(), Some("0"));
+    let purge = env
+        .iter()
+        .find(|e| e.name == "MIMALLOC_PURGE_DELAY")
+        .unwrap();
+    assert_eq!(purge.value.as_deref(), Some("0"));
     let status = helm(
         cp,
         &strings(&["status", &name, "--namespace", &ns.name, "-o", "json"]),

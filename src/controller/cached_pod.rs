@@ -1,16 +1,19 @@
 //! [`CachedPod`]: a worker Pod as the controller's cache keeps it. The watch decodes only what a
 //! reconcile reads (see [`decide::pod_outcome`](super::decide::pod_outcome)): the Pod's metadata,
 //! its phase and message, and how its containers ended. Neither the spec nor the rest of the
-//! status is decoded or kept, so a cached Pod costs a few hundred bytes, however many finished
-//! steps' Pods the runs keep (a `Pod` of `k8s-openapi` is 2.4 KiB before any of its fields).
+//! status is decoded (a `Pod` of `k8s-openapi` is 2.4 KiB before any of its fields), and the cache
+//! keeps less still ([`KeptPod`]: its owners, whether it is being deleted, how it ended), so a
+//! finished step's Pod costs about two hundred bytes however many of them the runs keep.
 
 use std::borrow::Cow;
 
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Resource;
 use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Serialize};
+
+use super::owned::{Keep, owner_uids};
 
 /// A worker Pod: its metadata and how it ended (a `v1` `Pod` read through the Pods' API).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -106,6 +109,45 @@ impl CachedPod {
             t.reason = None;
             t.started_at = None;
             t.signal = None;
+        }
+    }
+}
+
+/// What [`Owned`](super::owned::Owned) keeps of a worker Pod: a reconcile finds its run's Pods by
+/// owner and reads of each its name (the cache's key), whether it is being deleted and how it
+/// ended.
+#[derive(Debug)]
+pub struct KeptPod {
+    owners: Box<[Box<str>]>,
+    deletion_timestamp: Option<Time>,
+    status: Option<CachedPodStatus>,
+}
+
+impl Keep for CachedPod {
+    type Kept = KeptPod;
+
+    fn keep(&self) -> KeptPod {
+        KeptPod {
+            owners: owner_uids(self).map(Box::from).collect(),
+            deletion_timestamp: self.metadata.deletion_timestamp.clone(),
+            status: self.status.clone(),
+        }
+    }
+
+    fn owner_uids(kept: &KeptPod) -> impl Iterator<Item = &str> {
+        kept.owners.iter().map(|uid| &**uid)
+    }
+
+    /// The Pod with the metadata a reconcile reads: its name, namespace and deletion timestamp.
+    fn restore(kept: &KeptPod, namespace: Option<&str>, name: &str) -> CachedPod {
+        CachedPod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: namespace.map(Into::into),
+                deletion_timestamp: kept.deletion_timestamp.clone(),
+                ..Default::default()
+            },
+            status: kept.status.clone(),
         }
     }
 }
@@ -236,6 +278,29 @@ mod tests {
                 ..Default::default()
             })
         );
+    }
+
+    #[test]
+    fn the_kept_pod_restores_what_a_reconcile_reads() {
+        let mut cached = CachedPod::from(failed_pod());
+        cached.strip();
+        let kept = cached.keep();
+        assert_eq!(CachedPod::owner_uids(&kept).collect::<Vec<_>>(), ["uid-r"]);
+        let restored = CachedPod::restore(&kept, Some("team"), "r-step-1-0");
+        assert_eq!(restored.name_any(), "r-step-1-0");
+        assert_eq!(restored.namespace().as_deref(), Some("team"));
+        assert_eq!(restored.status, cached.status);
+        assert_eq!(pod_outcome(Some(&restored)), pod_outcome(Some(&cached)));
+
+        cached.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let deleting = CachedPod::restore(&cached.keep(), Some("team"), "r-step-1-0");
+        assert!(matches!(
+            pod_outcome(Some(&deleting)),
+            PodOutcome::Failed {
+                exit_code: None,
+                ..
+            }
+        ));
     }
 
     #[test]

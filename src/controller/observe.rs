@@ -179,11 +179,7 @@ impl Observed {
 
     /// Whether the run has finished for good.
     pub fn is_terminal(&self) -> bool {
-        self.run
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(AgentRunPhase::is_terminal)
+        self.run.is_finished()
     }
 
     /// An observation of `run` alone, now, with [`Agent::test`] as its Agent.

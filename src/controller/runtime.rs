@@ -167,6 +167,10 @@ async fn run_controllers(
     let request_tap = run_tap.clone();
     let (run_reader, run_writer) = reflector::store();
     let observed_states = states.clone();
+    // The Pods and requests of runs in progress (see Owned::observe_owner_event).
+    let pods = Arc::new(Owned::<CachedPod>::new());
+    let requests = Arc::new(Owned::<ApprovalRequest>::new());
+    let (run_pods, run_requests) = (pods.clone(), requests.clone());
     let snapshots = SharedSnapshots::default();
     let run_stream = watcher(
         scoped::<AgentRun>(&client, &config.namespace),
@@ -174,6 +178,10 @@ async fn run_controllers(
     )
     .default_backoff()
     .inspect_ok(move |event| observed_states.observe_event(event))
+    .inspect_ok(move |event| {
+        run_pods.observe_owner_event(event, AgentRun::is_finished);
+        run_requests.observe_owner_event(event, AgentRun::is_finished);
+    })
     .modify(move |run| strip_run(run, &snapshots))
     .inspect_ok(move |event| {
         if let Some(tap) = &run_tap {
@@ -183,7 +191,6 @@ async fn run_controllers(
     .reflect(run_writer)
     .inspect_ok(synced(&probe, RUNS))
     .touched_objects();
-    let pods = Arc::new(Owned::new());
     let pod_index = pods.clone();
     let managed_by = format!("{}={}", labels::MANAGED_BY.0, labels::MANAGED_BY.1);
     let pod_stream = watcher(
@@ -195,7 +202,6 @@ async fn run_controllers(
     .inspect_ok(move |event| pod_index.observe_event(event))
     .inspect_ok(synced(&probe, PODS))
     .touched_objects();
-    let requests = Arc::new(Owned::new());
     let request_index = requests.clone();
     let request_stream = watcher(
         scoped::<ApprovalRequest>(&client, &config.namespace),

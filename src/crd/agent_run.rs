@@ -248,6 +248,16 @@ pub enum AgentRunPhase {
     Cancelled,
 }
 
+impl AgentRun {
+    /// Whether the run finished for good (its phase is [terminal](AgentRunPhase::is_terminal)).
+    pub fn is_finished(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(AgentRunPhase::is_terminal)
+    }
+}
+
 impl AgentRunPhase {
     /// The phase as written in `status.phase`.
     pub fn as_str(self) -> &'static str {

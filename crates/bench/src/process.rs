@@ -157,7 +157,11 @@ impl Controller {
         log_name: &str,
     ) -> Result<(Controller, Instant), BenchError> {
         let metrics = free_port().map_err(io_error("finding a free port on 127.0.0.1"))?;
-        let allow_thp = std::env::var_os("MIMALLOC_ALLOW_THP").unwrap_or_else(|| "0".into());
+        let mimalloc = |name: &str| std::env::var_os(name).unwrap_or_else(|| "0".into());
+        let (allow_thp, purge_delay) = (
+            mimalloc("MIMALLOC_ALLOW_THP"),
+            mimalloc("MIMALLOC_PURGE_DELAY"),
+        );
         let addr = metrics.to_string();
         let process = ChildProcess::spawn(
             "controller",
@@ -176,9 +180,10 @@ impl Controller {
             ],
             &[
                 ("KUBECONFIG", ns.controller_kubeconfig.as_os_str()),
-                // As the chart runs it, no transparent huge pages for its heap, unless the
-                // bench's own environment sets it.
+                // As the chart runs it (no transparent huge pages for its heap, freed memory
+                // given back at once), unless the bench's own environment says otherwise.
                 ("MIMALLOC_ALLOW_THP", allow_thp.as_os_str()),
+                ("MIMALLOC_PURGE_DELAY", purge_delay.as_os_str()),
             ],
             ns.dir.join(log_name),
         )?;

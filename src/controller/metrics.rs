@@ -44,7 +44,7 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// Runs by phase (set at scrape time from the cache).
     pub runs: Family<PhaseLabels, Gauge>,
-    /// ApprovalRequests waiting for a decision (set at scrape time).
+    /// ApprovalRequests of runs in progress waiting for a decision (set at scrape time).
     pub pending_approvals: Gauge,
     /// Seconds from an ApprovalRequest's creation to its decision.
     pub approval_wait: Histogram,
@@ -85,7 +85,7 @@ impl Default for Metrics {
         let pending_approvals = Gauge::default();
         registry.register(
             "pending_approvals",
-            "ApprovalRequests waiting for a decision",
+            "ApprovalRequests of runs in progress waiting for a decision",
             pending_approvals.clone(),
         );
         let approval_wait = Histogram::new(exponential_buckets(1.0, 2.0, 18));

@@ -182,6 +182,12 @@ impl Executor {
                 });
             }
             Step::Publish(announcement) => self.publish(announcement),
+            Step::Together(steps) => {
+                let done =
+                    futures::future::join_all(steps.into_iter().map(|s| Box::pin(self.perform(s))))
+                        .await;
+                done.into_iter().collect::<Result<Vec<()>, _>>()?;
+            }
         }
         Ok(())
     }

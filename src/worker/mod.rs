@@ -1,7 +1,7 @@
 //! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from the
 //! snapshot of its `Agent` the run is bound to, the MCP tool definitions included (reading the API
 //! key and the MCP servers' headers from the Secrets it names),
-//! loads the RunState from the run's status, runs the agent loop until it halts for approval or
+//! loads the RunState from the run's status once the run is at its step, runs the agent loop until it halts for approval or
 //! finishes, and writes the new state back — only if the run is still at the step it was started
 //! for. Before it sends a call that needs approval it checks the call against its ApprovalRequest
 //! ([`calls`]): a call the request does not approve as it is about to be sent is never sent.
@@ -17,10 +17,12 @@ pub const TAMPERED_EXIT_CODE: u8 = 3;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use tracing::{Instrument, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::agent::{ApiKey, RunStatus, Runner};
 use crate::approval_policy::Gates;
@@ -62,7 +64,8 @@ pub enum WorkerError {
     /// The stored RunState cannot be read.
     #[error("{0}")]
     State(#[from] StoredStateError),
-    /// The run moved on while this worker ran: its result is not written.
+    /// The run is not at this worker's step: it moved on, or did not reach the step while the
+    /// worker waited for it. Nothing of the step is written.
     #[error("the run is at step {current}, not step {expected}: this worker's result is discarded")]
     StaleStep {
         /// The step this worker was started for.
@@ -92,15 +95,8 @@ pub async fn run_step(
     step: u32,
 ) -> Result<StepResult, WorkerError> {
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), namespace);
-    let run = runs.get(name).await?;
+    let run = run_at_step(&runs, name, step, step_wait()).await?;
     let status = run.status.clone().unwrap_or_default();
-    let current = status.step.unwrap_or(0);
-    if current != step {
-        return Err(WorkerError::StaleStep {
-            expected: step,
-            current,
-        });
-    }
     let agent_name = run.spec.agent_ref.name.clone();
     let snapshot = status
         .agent
@@ -255,6 +251,46 @@ async fn read_secret(
         name: secret_ref.name.clone(),
         problem: format!("key {} is not UTF-8", secret_ref.key),
     })
+}
+
+/// How long a worker waits for its run to reach its step.
+const STEP_WAIT: Duration = Duration::from_secs(60);
+
+/// The backoff of a worker waiting for its run to reach its step, for at most `total`.
+fn step_wait() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(500))
+        .with_total_delay(Some(STEP_WAIT))
+        .without_max_times()
+}
+
+/// Reads the run once it is at `step`. The controller creates the Pod of a resumed run's next step
+/// at the same time as it writes the status that moves the run to that step, so a worker may start
+/// first: it reads again (with `backoff`) while the run is at an earlier step. A run past `step`,
+/// or still before it when the backoff ends, is stale.
+async fn run_at_step(
+    runs: &Api<AgentRun>,
+    name: &str,
+    step: u32,
+    backoff: ExponentialBuilder,
+) -> Result<AgentRun, WorkerError> {
+    let read = || async {
+        let run = runs.get(name).await?;
+        let current = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
+        if current == step {
+            Ok(run)
+        } else {
+            Err(WorkerError::StaleStep {
+                expected: step,
+                current,
+            })
+        }
+    };
+    read.retry(backoff)
+        .when(|e| matches!(e, WorkerError::StaleStep { current, .. } if *current < step))
+        .notify(|_, after| debug!(step, ?after, "the run is not at this worker's step yet"))
+        .await
 }
 
 /// Writes the state, guarded by resourceVersion; on a conflict it re-reads the run and writes

@@ -18,3 +18,4 @@ mod mcp_tools;
 mod notifications;
 mod operator_e2e;
 mod policy_decisions;
+mod worker_start;

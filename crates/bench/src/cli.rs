@@ -19,6 +19,11 @@ pub struct BenchArgs {
     /// Run counts to measure, one approval cycle each (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     pub runs: Vec<usize>,
+    /// Runs of an approval cycle made by our controller before the measured ones and not
+    /// reported (0: none), so that the first measured cycle does not also pay for a freshly
+    /// started control plane.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_runs: usize,
     /// Approvals per burst: the next burst starts once every worker Pod of the previous one
     /// exists (0: all runs in one burst).
     #[arg(long, default_value_t = 0)]
@@ -117,6 +122,7 @@ impl BenchArgs {
                 std::env::temp_dir().join(format!("agentrun-bench-{}", std::process::id()))
             }),
             kubelet_max_pods: self.kubelet_max_pods,
+            warmup_runs: self.warmup_runs,
         })
     }
 }

@@ -46,6 +46,8 @@ pub struct BenchConfig {
     pub work_dir: PathBuf,
     /// Worker Pods the dev kubelet runs at once (its `--max-pods`; 0: no limit).
     pub kubelet_max_pods: usize,
+    /// Runs of an unreported approval cycle by our controller before the measured ones (0: none).
+    pub warmup_runs: usize,
 }
 
 impl BenchConfig {

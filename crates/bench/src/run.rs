@@ -59,6 +59,16 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         ..Default::default()
     };
     let (cluster, tools, progress) = (&cluster, &tools, &progress);
+    if config.warmup_runs > 0 {
+        let n = config.warmup_runs;
+        phase(config, cluster, progress, "bench-warmup", |ns| async move {
+            cycle(config, cluster, tools, progress, &ns, n, Driver::Ours).await
+        })
+        .await?;
+        progress.say(format!(
+            "warm-up: one approval cycle of {n} runs done (not reported)"
+        ));
+    }
     for &n in config.runs.iter().filter(|&&n| n > 0) {
         let mut ours = phase(
             config,

@@ -76,8 +76,9 @@ impl Planner<'_> {
         }
     }
 
-    /// Records the new resolutions, applies every decision of the halt to the RunState, stores
-    /// it with the next step, starts that step's worker, and announces the decisions.
+    /// Records the new resolutions, applies every decision of the halt to the RunState, then
+    /// stores it with the next step and starts that step's worker at the same time, and announces
+    /// the decisions.
     pub(super) fn resume(
         &self,
         plan: &mut Plan,
@@ -149,10 +150,13 @@ impl Planner<'_> {
             plan.steps.push(Step::WriteChunks(Box::new(stored)));
         }
         // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
-        plan.steps.push(patch_run(patch, run.resource_version()));
+        // The next worker Pod is created at the same time (both after the resolutions are
+        // recorded): its worker waits for this write before it reads the state.
+        plan.steps.push(Step::Together(vec![
+            patch_run(patch, run.resource_version()),
+            self.create_pod(step, 0, false, decided_times),
+        ]));
         plan.steps.extend(prune);
-        plan.steps
-            .push(self.create_pod(step, 0, false, decided_times));
         plan.after.extend(announcements);
     }
 }

@@ -113,6 +113,9 @@ pub enum Step {
     },
     /// Publish an Event about the run.
     Publish(Announcement),
+    /// Perform these steps at the same time; every one of them is performed, and the reconcile
+    /// ends with the first failure.
+    Together(Vec<Step>),
 }
 
 /// An Event about the run.

@@ -33,6 +33,17 @@ fn awaiting(request: ApprovalRequest) -> Observed {
     o
 }
 
+/// The steps performed together that resume a run: its status patch and its next Pod.
+fn resumed(step: &Step) -> (&Step, &Step) {
+    match step {
+        Step::Together(steps) => match &steps[..] {
+            [run, pod] => (run, pod),
+            other => panic!("expected the run's status and its Pod, got {other:?}"),
+        },
+        other => panic!("expected steps performed together, got {other:?}"),
+    }
+}
+
 fn run_patch(step: &Step) -> &StatusPatch<AgentRunStatusPatch> {
     match step {
         Step::PatchRun(patch) => patch,
@@ -55,7 +66,7 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
     request.metadata.resource_version = Some("5".into());
     let o = awaiting(request);
     let plan = plan_of(&o);
-    assert_eq!(plan.steps.len(), 3, "{:?}", plan.steps);
+    assert_eq!(plan.steps.len(), 2, "{:?}", plan.steps);
     // The decision is recorded first, at the time the controller observed it, guarded by the
     // request's version.
     match &plan.steps[0] {
@@ -67,7 +78,9 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
         }
         other => panic!("expected the resolution first, got {other:?}"),
     }
-    let patch = run_patch(&plan.steps[1]);
+    // Then, at the same time, the state with the decision applied and the next worker Pod.
+    let (run, pod) = resumed(&plan.steps[1]);
+    let patch = run_patch(run);
     assert_eq!(patch.metadata.as_ref().unwrap().resource_version, "7");
     let status = &patch.status;
     assert_eq!(status.phase, Some(AgentRunPhase::Running));
@@ -87,7 +100,7 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
     let audit = &state.approval_metadata["call_1"];
     assert_eq!(audit.approver_id.as_deref(), Some("alice@example.com"));
     assert_eq!(audit.reason.as_deref(), Some("CR-1234"));
-    match &plan.steps[2] {
+    match pod {
         Step::CreatePod {
             pod,
             announce,
@@ -124,7 +137,7 @@ fn an_expiry_is_recorded_before_the_run_moves_on_and_the_model_is_told() {
         Step::RecordResolution(r) => assert_eq!(r.phase, ApprovalPhase::Expired),
         other => panic!("expected the expiry first, got {other:?}"),
     }
-    let status = &run_patch(&plan.steps[1]).status;
+    let status = &run_patch(resumed(&plan.steps[1]).0).status;
     let state = decode(&AgentRunStatus {
         run_state: status.run_state.clone().flatten(),
         ..Default::default()
@@ -398,17 +411,17 @@ fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod
     let body = request.spec.arguments.clone();
     let (policy, worker) = settings();
     let planned = plan(&awaiting(request), &policy, &worker, Some(&issuer));
-    let kinds: Vec<&str> = planned
-        .steps
-        .iter()
-        .map(|s| match s {
-            Step::PatchRun(_) => "run",
-            Step::RecordResolution(_) => "resolution",
-            Step::CreatePod { .. } => "pod",
-            _ => "other",
-        })
-        .collect();
-    assert_eq!(kinds, ["resolution", "run", "pod"]);
+    fn kind(step: &Step) -> String {
+        match step {
+            Step::PatchRun(_) => "run".into(),
+            Step::RecordResolution(_) => "resolution".into(),
+            Step::CreatePod { .. } => "pod".into(),
+            Step::Together(steps) => steps.iter().map(kind).collect::<Vec<_>>().join(" + "),
+            _ => "other".into(),
+        }
+    }
+    let kinds: Vec<String> = planned.steps.iter().map(kind).collect();
+    assert_eq!(kinds, ["resolution", "run + pod"]);
     let Step::RecordResolution(resolution) = &planned.steps[0] else {
         panic!("expected the resolution first")
     };

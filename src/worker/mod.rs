@@ -1,8 +1,8 @@
 //! The worker: runs one step of an `AgentRun` in its own Pod. It rebuilds the agent from the
 //! snapshot of its `Agent` the run is bound to, the MCP tool definitions included (reading the API
 //! key and the MCP servers' headers from the Secrets it names),
-//! loads the RunState from the run's status once the run is at its step, runs the agent loop until it halts for approval or
-//! finishes, and writes the new state back — only if the run is still at the step it was started
+//! loads the RunState from the run's status once the run is at its step, runs the agent loop until
+//! it halts for approval or finishes, and writes the new state back — only if the run is still at the step it was started
 //! for. Before it sends a call that needs approval it checks the call against its ApprovalRequest
 //! ([`calls`]): a call the request does not approve as it is about to be sent is never sent.
 
@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -256,7 +255,7 @@ async fn read_secret(
 /// How long a worker waits for its run to reach its step.
 const STEP_WAIT: Duration = Duration::from_secs(60);
 
-/// The backoff of a worker waiting for its run to reach its step, for at most `total`.
+/// The backoff of a worker waiting for its run to reach its step, for at most [`STEP_WAIT`].
 fn step_wait() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))

@@ -188,6 +188,11 @@ impl Executor {
                         .await;
                 done.into_iter().collect::<Result<Vec<()>, _>>()?;
             }
+            Step::InOrder(steps) => {
+                for step in steps {
+                    Box::pin(self.perform(step)).await?;
+                }
+            }
         }
         Ok(())
     }

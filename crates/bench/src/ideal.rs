@@ -5,11 +5,13 @@
 //! writes the design cannot avoid, as soon as the decision arrives:
 //!
 //! 1. the run's status: its RunState with the approval applied, the next step and its Pod's name
-//!    (guarded by the run's resourceVersion), then
+//!    (guarded by the run's resourceVersion),
 //! 2. the next worker Pod (the same Pod our controller creates, so the dev kubelet runs the same
-//!    worker), and, at the same time as both,
+//!    worker, which waits until the run is at its step), and
 //! 3. the request's resolution (`status.phase: Approved`, which the worker checks before it
-//!    calls the tool).
+//!    calls the tool),
+//!
+//! all three at the same time (ours records the resolution before it writes the state).
 //!
 //! It publishes no Event, verifies no identity, signs no assertion and keeps no state cache;
 //! when a worker reports the final answer it writes the run's final phase (one write; ours also
@@ -220,11 +222,14 @@ impl Shared {
         let runs: Api<AgentRun> = Api::namespaced(self.client.clone(), &self.ns);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         let requests: Api<ApprovalRequest> = Api::namespaced(self.client.clone(), &self.ns);
-        let start = async {
+        let state = async {
             runs.patch_status(run_name, &Self::params(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| format!("the run's state: {e}"))?;
             self.wrote();
+            Ok::<(), String>(())
+        };
+        let start = async {
             let pod = worker_pod(&run, step, 0, &self.worker);
             pods.create(&PostParams::default(), &pod)
                 .await
@@ -252,8 +257,8 @@ impl Shared {
             self.wrote();
             Ok::<(), String>(())
         };
-        let (started, recorded) = tokio::join!(start, record);
-        started.and(recorded)
+        let (written, started, recorded) = tokio::join!(state, start, record);
+        written.and(started).and(recorded)
     }
 
     /// Writes the final phase of a run whose worker reported its answer.

@@ -23,6 +23,26 @@ impl Planner<'_> {
         self.o.requests.iter().find(|r| r.name_any() == name)
     }
 
+    /// The steps recording the resolutions observed in this reconcile on their requests.
+    fn resolutions(&self, resolved: &[ResolvedDecision]) -> Vec<Step> {
+        resolved
+            .iter()
+            .filter(|d| d.new)
+            .map(|decision| {
+                let request = self.request(&decision.request);
+                let mut resolution = Resolution::of(decision, request);
+                // An approval carries the signed assertion the worker sends to the tool.
+                if let (Some(issuer), Some(request), ResolvedKind::Approved { .. }) =
+                    (self.issuer, request, &decision.kind)
+                {
+                    resolution.assertion =
+                        assertions::issue(issuer, self.o, request, decision).ok();
+                }
+                Step::RecordResolution(resolution)
+            })
+            .collect()
+    }
+
     /// Records the resolutions observed in this reconcile on their requests (before anything
     /// acts on them) and reports the decisions that were refused.
     pub(super) fn record(
@@ -31,17 +51,7 @@ impl Planner<'_> {
         resolved: &[ResolvedDecision],
         refused: &[(String, Refusal)],
     ) {
-        for decision in resolved.iter().filter(|d| d.new) {
-            let request = self.request(&decision.request);
-            let mut resolution = Resolution::of(decision, request);
-            // An approval carries the signed assertion the worker sends to the tool.
-            if let (Some(issuer), Some(request), ResolvedKind::Approved { .. }) =
-                (self.issuer, request, &decision.kind)
-            {
-                resolution.assertion = assertions::issue(issuer, self.o, request, decision).ok();
-            }
-            plan.steps.push(Step::RecordResolution(resolution));
-        }
+        plan.steps.extend(self.resolutions(resolved));
         for (name, refusal) in refused {
             let Some(request) = self.request(name) else {
                 continue;
@@ -77,7 +87,7 @@ impl Planner<'_> {
     }
 
     /// Records the new resolutions, applies every decision of the halt to the RunState, then
-    /// stores it with the next step and starts that step's worker at the same time, and announces
+    /// stores it with the next step, starts that step's worker meanwhile, and announces
     /// the decisions.
     pub(super) fn resume(
         &self,
@@ -87,7 +97,7 @@ impl Planner<'_> {
     ) {
         let run = &self.o.run;
         let step = self.step() + 1;
-        self.record(plan, &decisions, &[]);
+        let mut in_order = self.resolutions(&decisions);
         let mut decided_times = vec![];
         let mut announcements = vec![];
         for decision in &decisions {
@@ -101,6 +111,7 @@ impl Planner<'_> {
             }
             decided_times.push(decision.decided_at);
             if let Err(e) = apply_decision(&mut state, decision) {
+                plan.steps.extend(in_order);
                 plan.steps.extend(self.fail(
                     Reason::InvalidRunState,
                     &format!("applying the decision on {}: {e}", decision.request),
@@ -147,14 +158,16 @@ impl Planner<'_> {
             ..stored.status_patch()
         };
         if !stored.chunks.is_empty() {
-            plan.steps.push(Step::WriteChunks(Box::new(stored)));
+            in_order.push(Step::WriteChunks(Box::new(stored)));
         }
         // Guarded by resourceVersion: a decision is applied to exactly the state it was made on.
-        // The next worker Pod is created at the same time (both after the resolutions are
-        // recorded): its worker waits for this write before it reads the state.
+        in_order.push(patch_run(patch, run.resource_version()));
+        // The next worker Pod is created at the same time as the resolutions are recorded and the
+        // state is written after them: its worker waits until the run is at its step (so after
+        // the resolutions) before it reads the state, whatever decision the state holds.
         plan.steps.push(Step::Together(vec![
-            patch_run(patch, run.resource_version()),
             self.create_pod(step, 0, false, decided_times),
+            Step::InOrder(in_order),
         ]));
         plan.steps.extend(prune);
         plan.after.extend(announcements);

@@ -116,6 +116,8 @@ pub enum Step {
     /// Perform these steps at the same time; every one of them is performed, and the reconcile
     /// ends with the first failure.
     Together(Vec<Step>),
+    /// Perform these steps one after the other; the first failure ends the reconcile.
+    InOrder(Vec<Step>),
 }
 
 /// An Event about the run.

@@ -33,15 +33,27 @@ fn awaiting(request: ApprovalRequest) -> Observed {
     o
 }
 
-/// The steps performed together that resume a run: its status patch and its next Pod.
-fn resumed(step: &Step) -> (&Step, &Step) {
+/// The steps that resume a run: the writes made one after the other (the resolutions, then the
+/// run's status) and, at the same time, its next Pod (sent first).
+fn resumed(step: &Step) -> (&[Step], &Step) {
     match step {
         Step::Together(steps) => match &steps[..] {
-            [run, pod] => (run, pod),
-            other => panic!("expected the run's status and its Pod, got {other:?}"),
+            [pod, Step::InOrder(writes)] => (writes, pod),
+            other => panic!("expected the writes in order and the Pod, got {other:?}"),
         },
         other => panic!("expected steps performed together, got {other:?}"),
     }
+}
+
+/// Every step of `steps`, those performed together or in order included.
+fn leaves(steps: &[Step]) -> Vec<&Step> {
+    steps
+        .iter()
+        .flat_map(|step| match step {
+            Step::Together(inner) | Step::InOrder(inner) => leaves(inner),
+            other => vec![other],
+        })
+        .collect()
 }
 
 fn run_patch(step: &Step) -> &StatusPatch<AgentRunStatusPatch> {
@@ -66,10 +78,12 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
     request.metadata.resource_version = Some("5".into());
     let o = awaiting(request);
     let plan = plan_of(&o);
-    assert_eq!(plan.steps.len(), 2, "{:?}", plan.steps);
+    assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
+    let (writes, pod) = resumed(&plan.steps[0]);
+    assert_eq!(writes.len(), 2, "{writes:?}");
     // The decision is recorded first, at the time the controller observed it, guarded by the
     // request's version.
-    match &plan.steps[0] {
+    match &writes[0] {
         Step::RecordResolution(r) => {
             assert_eq!(r.phase, ApprovalPhase::Approved);
             assert_eq!(r.identity.as_ref().unwrap().username, "alice@example.com");
@@ -78,9 +92,8 @@ fn an_approval_is_applied_with_its_audit_fields_then_the_next_step_starts() {
         }
         other => panic!("expected the resolution first, got {other:?}"),
     }
-    // Then, at the same time, the state with the decision applied and the next worker Pod.
-    let (run, pod) = resumed(&plan.steps[1]);
-    let patch = run_patch(run);
+    // Then the state with the decision applied; the next worker Pod is created meanwhile.
+    let patch = run_patch(&writes[1]);
     assert_eq!(patch.metadata.as_ref().unwrap().resource_version, "7");
     let status = &patch.status;
     assert_eq!(status.phase, Some(AgentRunPhase::Running));
@@ -133,11 +146,12 @@ fn an_expiry_is_recorded_before_the_run_moves_on_and_the_model_is_told() {
     request.status.as_mut().unwrap().expires_at =
         Some(to_k8s(Utc::now() - chrono::Duration::seconds(5)));
     let plan = plan_of(&awaiting(request));
-    match &plan.steps[0] {
+    let (writes, _) = resumed(&plan.steps[0]);
+    match &writes[0] {
         Step::RecordResolution(r) => assert_eq!(r.phase, ApprovalPhase::Expired),
         other => panic!("expected the expiry first, got {other:?}"),
     }
-    let status = &run_patch(resumed(&plan.steps[1]).0).status;
+    let status = &run_patch(&writes[1]).status;
     let state = decode(&AgentRunStatus {
         run_state: status.run_state.clone().flatten(),
         ..Default::default()
@@ -168,10 +182,11 @@ fn an_already_recorded_decision_is_not_recorded_again() {
             .all(|s| !matches!(s, Step::RecordResolution(_)))
     );
     assert!(
-        plan.steps
+        leaves(&plan.steps)
             .iter()
             .all(|s| !matches!(s, Step::RecordResolution(_)))
     );
+    assert_eq!(resumed(&plan.steps[0]).0.len(), 1, "only the run's status");
 }
 
 #[test]
@@ -404,7 +419,7 @@ fn issuer() -> (crate::controller::Issuer, crate::assertion::Jwks) {
 }
 
 #[test]
-fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod() {
+fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_state_moves_on() {
     let (issuer, jwks) = issuer();
     let mut request = ApprovalRequest::test_for(&halted_state(), Some(Decision::Approved));
     request.metadata.uid = Some("req-uid-1".into());
@@ -417,13 +432,19 @@ fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod
             Step::RecordResolution(_) => "resolution".into(),
             Step::CreatePod { .. } => "pod".into(),
             Step::Together(steps) => steps.iter().map(kind).collect::<Vec<_>>().join(" + "),
+            Step::InOrder(steps) => {
+                format!(
+                    "({})",
+                    steps.iter().map(kind).collect::<Vec<_>>().join(", ")
+                )
+            }
             _ => "other".into(),
         }
     }
     let kinds: Vec<String> = planned.steps.iter().map(kind).collect();
-    assert_eq!(kinds, ["resolution", "run + pod"]);
-    let Step::RecordResolution(resolution) = &planned.steps[0] else {
-        panic!("expected the resolution first")
+    assert_eq!(kinds, ["pod + (resolution, run)"]);
+    let Step::RecordResolution(resolution) = leaves(&planned.steps)[1] else {
+        panic!("expected the resolution before the run's state")
     };
     let token = resolution
         .status_patch()
@@ -449,5 +470,7 @@ fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_worker_pod
     let mut o = awaiting(unstamped);
     o.policies_installed = false;
     let planned = plan(&o, &claims_allowed, &worker, Some(&issuer));
-    assert!(matches!(&planned.steps[0], Step::RecordResolution(r) if r.assertion.is_none()));
+    assert!(
+        matches!(leaves(&planned.steps)[1], Step::RecordResolution(r) if r.assertion.is_none())
+    );
 }

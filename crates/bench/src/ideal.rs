@@ -11,7 +11,8 @@
 //! 3. the request's resolution (`status.phase: Approved`, which the worker checks before it
 //!    calls the tool),
 //!
-//! all three at the same time (ours records the resolution before it writes the state).
+//! all three at the same time, the Pod's request first (ours records the resolution before it
+//! writes the state).
 //!
 //! It publishes no Event, verifies no identity, signs no assertion and keeps no state cache;
 //! when a worker reports the final answer it writes the run's final phase (one write; ours also
@@ -257,7 +258,8 @@ impl Shared {
             self.wrote();
             Ok::<(), String>(())
         };
-        let (written, started, recorded) = tokio::join!(state, start, record);
+        // The Pod's request is sent first, as ours does.
+        let (started, written, recorded) = tokio::join!(start, state, record);
         written.and(started).and(recorded)
     }
 

@@ -638,6 +638,12 @@ impl BenchReport {
             "",
             None,
         );
+        row(
+            "  ideal: baseline patch+create p50 / p99 (same moment)",
+            &|c| p50_p99(c.ideal.as_ref().and_then(|i| i.baseline)),
+            "",
+            None,
+        );
         let at_goal =
             |c: &CycleReport, ok: Option<bool>| (c.runs >= IDEAL_GOAL_AT).then_some(ok).flatten();
         for (name, pick) in picks {
@@ -654,6 +660,21 @@ impl BenchReport {
                 if is_p99 { Some(&goal) } else { None },
             );
         }
+        // Each controller against the baseline sampled during its own burst: how loaded the API
+        // server happened to be differs between the two bursts.
+        let against_baselines = |c: &CycleReport| -> Option<f64> {
+            let ideal = c.ideal.as_deref()?;
+            ratio(
+                ratio(c.latency?.p99, c.baseline?.p99)?,
+                ratio(ideal.latency?.p99, ideal.baseline?.p99)?,
+            )
+        };
+        row(
+            "ratio (ours/baseline) / (ideal/its baseline) p99",
+            &|c| times(against_baselines(c)),
+            "",
+            None,
+        );
         row(
             "ideal controller: runs completed per second",
             &|c| opt(c.ideal.as_ref().and_then(|i| i.runs_per_second()), "/s"),

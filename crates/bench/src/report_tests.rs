@@ -140,6 +140,18 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
     let text = report.render();
     let p99 = rows_of(&text, "ratio ours/ideal p99");
     assert_eq!(p99[1..], ["3.00x", "1.20x", "<= 1.25x at N=1000", "yes"]);
+    // Ours 30/20 and 120/30 ms over its baseline p99, the ideal 10/10 and 100/10 ms over its own.
+    assert_eq!(
+        rows_of(&text, "ratio (ours/baseline) / (ideal/its baseline) p99")[1..3],
+        ["1.50x", "0.40x"]
+    );
+    assert_eq!(
+        rows_of(
+            &text,
+            "  ideal: baseline patch+create p50 / p99 (same moment)"
+        )[1..3],
+        ["5.0 ms / 10.0 ms", "5.0 ms / 10.0 ms"]
+    );
     let runs = rows_of(&text, "ratio ours/ideal runs/s");
     assert_eq!(
         runs[1..],

@@ -17,6 +17,7 @@ use crate::audit::{
 use crate::baseline::{baseline_during, baseline_sample};
 use crate::bed::Bed;
 use crate::cluster::{BenchNamespace, Cluster, client_from};
+use crate::cpu::{CpuClock, Probe, control_plane_probes};
 use crate::ideal::{IdealController, check_ideal, start_ideal};
 use crate::objects::approval_patch;
 use crate::observe::{latencies, lock, phases};
@@ -99,6 +100,7 @@ pub(crate) async fn cycle(
     let calls_before = tools.request_count() as u64;
     say(format!("approving {} runs as {APPROVER}", halted.len()));
 
+    let cpu = CpuClock::start(path_probes(config, &bed));
     let burst = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let live = tokio::spawn(baseline_during(
@@ -178,6 +180,7 @@ pub(crate) async fn cycle(
         },
     )
     .await;
+    let cpu = cpu.finish();
     stop.store(true, Ordering::Relaxed);
     let (live_samples, live_errors) = live.await.unwrap_or_default();
     baseline_errors += live_errors;
@@ -286,10 +289,12 @@ pub(crate) async fn cycle(
             &event_writes_where(&events_after, EVENT_REPORTER, is_completion_reason),
         ),
         tool_calls,
+        cpu: Some(cpu),
         controller_memory,
         ready_again,
         ideal_writes,
         ideal: None,
+        ideal_first: false,
     };
     say(format!(
         "done: p99 {} (baseline {}), {} runs/s, {} writes per cycle, controller peak {}",
@@ -300,4 +305,26 @@ pub(crate) async fn cycle(
         mib(report.controller_memory.peak_kib)
     ));
     Ok(report)
+}
+
+/// The processes on the approval path: the control plane's, our controller (when it runs), the
+/// dev kubelet with the workers it reaped, and this process (the approvals, the watches, the
+/// baseline and, in the ideal's cycle, the ideal controller).
+fn path_probes(config: &BenchConfig, bed: &Bed) -> Vec<Probe> {
+    let mut probes = control_plane_probes(&config.cluster_dir);
+    let probe = |role: &str, pid: Option<u32>, with_children: bool| {
+        pid.map(|pid| Probe {
+            role: role.to_owned(),
+            pid,
+            with_children,
+        })
+    };
+    probes.extend(probe(
+        "controller",
+        bed.controller.as_ref().and_then(|c| c.process.pid()),
+        false,
+    ));
+    probes.extend(probe("dev-kubelet+workers", bed.kubelet.pid(), true));
+    probes.extend(probe("bench", Some(std::process::id()), false));
+    probes
 }

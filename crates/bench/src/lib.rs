@@ -36,6 +36,7 @@ mod bed;
 pub mod cli;
 mod cluster;
 mod config;
+mod cpu;
 mod cycle;
 mod error;
 mod ideal;
@@ -55,6 +56,7 @@ pub use audit::{
     event_writes_where, is_completion_reason, is_write,
 };
 pub use config::BenchConfig;
+pub use cpu::CpuUse;
 pub use error::BenchError;
 pub use process::{Memory, metric_value, parse_proc_status, process_memory};
 pub use report::{BenchReport, CycleReport, IdleEnd, IdleReport, SingleReport};

@@ -106,7 +106,7 @@ impl ChildProcess {
         })
     }
 
-    fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::audit::RequestCounts;
+use crate::cpu::CpuUse;
 use crate::process::Memory;
 use crate::stats::{Percentiles, ratio};
 use crate::table::Table;
@@ -59,6 +60,8 @@ pub struct CycleReport {
     pub completion_event_writes: u64,
     /// Tool calls the loopback tool server received during the cycle.
     pub tool_calls: u64,
+    /// CPU of each process on the path from the burst's start until every next Pod was seen.
+    pub cpu: Option<CpuUse>,
     /// The controller's memory at the end of the cycle (ours only).
     pub controller_memory: Memory,
     /// A fresh controller started after the cycle, with every run present (ours only).
@@ -67,6 +70,8 @@ pub struct CycleReport {
     pub ideal_writes: Option<u64>,
     /// The same cycle with the ideal controller acting on the approvals, if it was replayed.
     pub ideal: Option<Box<CycleReport>>,
+    /// Whether the ideal's cycle ran before ours (every other pair).
+    pub ideal_first: bool,
 }
 
 /// A fresh controller started after a cycle, with every run present.
@@ -613,6 +618,16 @@ impl BenchReport {
         if self.cycles.iter().all(|c| c.ideal.is_none()) {
             return;
         }
+        row(
+            "ideal controller: measured",
+            &|c| match (&c.ideal, c.ideal_first) {
+                (None, _) => "n/a".into(),
+                (Some(_), true) => "before ours".into(),
+                (Some(_), false) => "after ours".into(),
+            },
+            "",
+            None,
+        );
         type Pick = fn(&Percentiles) -> f64;
         let picks: [(&str, Pick); 3] = [("p50", |p| p.p50), ("p95", |p| p.p95), ("p99", |p| p.p99)];
         for (name, pick) in picks {
@@ -771,6 +786,17 @@ impl BenchReport {
                     i.ideal_writes.unwrap_or_default(),
                     i.tool_calls
                 );
+            }
+            let cpu_lines = [("", Some(c)), (" ideal", c.ideal.as_deref())];
+            for (who, cycle) in cpu_lines {
+                if let Some(cpu) = cycle.and_then(|c| c.cpu.as_ref()) {
+                    let _ = write!(
+                        out,
+                        "\nN={}{who}: CPU seconds from the burst until every next Pod was seen: {}",
+                        c.runs,
+                        cpu.summary()
+                    );
+                }
             }
             if let Some(first) = c.approval_errors.first() {
                 let _ = write!(

@@ -118,6 +118,11 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
         let mut ideal = cycle_report(ours.runs, ideal_p99, 10.0, 2 * ours.runs as u64);
         ideal.complete_seconds = ideal_seconds;
         ideal.event_writes = 0;
+        ideal.cpu = Some(CpuUse {
+            processes: vec![("kube-apiserver".into(), 27.7), ("bench".into(), 1.74)],
+            seconds: 18.1,
+            machine_busy: 0.999,
+        });
         ours.ideal = Some(Box::new(ideal));
         ours.ready_again = Some(ReadyAgain {
             seconds: 4.5,
@@ -133,11 +138,18 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
         // N=100: 3x the ideal p99 (no goal at N=100); N=1000: 1.2x and 0.8x its runs/s.
         cycles: vec![
             with_ideal(cycle_report(100, 30.0, 20.0, 200), 10.0, 10.0),
-            with_ideal(cycle_report(1000, 120.0, 30.0, 2000), 100.0, 8.0),
+            CycleReport {
+                ideal_first: true,
+                ..with_ideal(cycle_report(1000, 120.0, 30.0, 2000), 100.0, 8.0)
+            },
         ],
         ..Default::default()
     };
     let text = report.render();
+    assert_eq!(
+        rows_of(&text, "ideal controller: measured")[1..3],
+        ["after ours", "before ours"]
+    );
     let p99 = rows_of(&text, "ratio ours/ideal p99");
     assert_eq!(p99[1..], ["3.00x", "1.20x", "<= 1.25x at N=1000", "yes"]);
     // Ours 30/20 and 120/30 ms over its baseline p99, the ideal 10/10 and 100/10 ms over its own.
@@ -174,6 +186,11 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
         ["agentruns 1.2, pods 4.4", "agentruns 1.2, pods 4.4"]
     );
     assert!(text.contains("N=1000: ideal controller requests (1000 approvals)"));
+    assert!(text.contains(
+        "N=1000 ideal: CPU seconds from the burst until every next Pod was seen: \
+         kube-apiserver 27.7, bench 1.7; 18.1 s, machine 100% busy"
+    ));
+    assert!(!text.contains("N=1000: CPU seconds"), "ours measured none");
 }
 
 #[test]

@@ -69,29 +69,31 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             "warm-up: one approval cycle of {n} runs done (not reported)"
         ));
     }
-    for &n in config.runs.iter().filter(|&&n| n > 0) {
-        let mut ours = phase(
-            config,
-            cluster,
-            progress,
-            &format!("bench-{n}"),
-            |ns| async move { cycle(config, cluster, tools, progress, &ns, n, Driver::Ours).await },
-        )
-        .await?;
-        if config.ideal {
-            let ideal =
-                phase(
-                    config,
-                    cluster,
-                    progress,
-                    &format!("bench-ideal-{n}"),
-                    |ns| async move {
-                        cycle(config, cluster, tools, progress, &ns, n, Driver::Ideal).await
-                    },
-                )
-                .await?;
+    for (pair, &n) in config.runs.iter().filter(|&&n| n > 0).enumerate() {
+        let ours = |ns: BenchNamespace| async move {
+            cycle(config, cluster, tools, progress, &ns, n, Driver::Ours).await
+        };
+        let ideal = |ns: BenchNamespace| async move {
+            cycle(config, cluster, tools, progress, &ns, n, Driver::Ideal).await
+        };
+        let (ours_prefix, ideal_prefix) = (format!("bench-{n}"), format!("bench-ideal-{n}"));
+        // Every other pair runs the ideal first, so that neither controller always meets the
+        // control plane as the other one left it.
+        let mut ours = if config.ideal && pair % 2 == 1 {
+            progress.say(format!("pair {}: the ideal controller first", pair + 1));
+            let ideal = phase(config, cluster, progress, &ideal_prefix, ideal).await?;
+            let mut ours = phase(config, cluster, progress, &ours_prefix, ours).await?;
             ours.ideal = Some(Box::new(ideal));
-        }
+            ours
+        } else {
+            let mut ours = phase(config, cluster, progress, &ours_prefix, ours).await?;
+            if config.ideal {
+                let ideal = phase(config, cluster, progress, &ideal_prefix, ideal).await?;
+                ours.ideal = Some(Box::new(ideal));
+            }
+            ours
+        };
+        ours.ideal_first = config.ideal && pair % 2 == 1;
         report.cycles.push(ours);
     }
     if config.single_approvals > 0 {

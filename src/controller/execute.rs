@@ -243,7 +243,11 @@ impl Executor {
             field_manager: Some(field_managers::CONTROLLER.into()),
             ..Default::default()
         };
-        match self.api::<Pod>().create(&params, &pod).await {
+        let created = self.api::<Pod>().create(&params, &pod).await;
+        if created.is_ok() || matches!(&created, Err(kube::Error::Api(s)) if s.code == 409) {
+            self.ctx.memory.created_pod(&self.ns, &name);
+        }
+        match created {
             Ok(_) => {
                 info!(pod = %name, "worker pod created");
                 if let Some(note) = announce {

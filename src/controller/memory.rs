@@ -12,32 +12,37 @@ use crate::crd::AgentRun;
 /// The most entries each memory holds (the oldest are dropped first).
 const CAPACITY: u64 = 100_000;
 
-/// The run versions this replica wrote over (by run uid), and the ApprovalRequests whose
-/// resolution it recorded (by `namespace/name`).
+/// How long a worker Pod this replica created is taken to exist while the Pod watch has not shown
+/// it. After that a Pod still unseen is created again.
+pub const CREATED_POD_UNSEEN_FOR: Duration = Duration::from_secs(30);
+
+/// The run versions this replica wrote over (by run uid), the ApprovalRequests whose resolution
+/// it recorded and the worker Pods it created that the Pod watch has not shown yet (both by
+/// `namespace/name`).
 pub struct Memory {
     written: Cache<String, String>,
     recorded: Cache<String, ()>,
+    created: Cache<String, ()>,
 }
 
 impl Default for Memory {
     fn default() -> Self {
-        Memory::new(Duration::from_secs(300), Duration::from_secs(600))
+        Memory::new(
+            Duration::from_secs(300),
+            Duration::from_secs(600),
+            CREATED_POD_UNSEEN_FOR,
+        )
     }
 }
 
 impl Memory {
-    /// A memory whose written versions expire after `written_for` and recorded requests after
-    /// `recorded_for`.
-    pub fn new(written_for: Duration, recorded_for: Duration) -> Memory {
+    /// A memory whose written versions expire after `written_for`, recorded requests after
+    /// `recorded_for` and created Pods after `created_for`.
+    pub fn new(written_for: Duration, recorded_for: Duration, created_for: Duration) -> Memory {
         Memory {
-            written: Cache::builder()
-                .max_capacity(CAPACITY)
-                .time_to_live(written_for)
-                .build(),
-            recorded: Cache::builder()
-                .max_capacity(CAPACITY)
-                .time_to_live(recorded_for)
-                .build(),
+            written: cache(written_for),
+            recorded: cache(recorded_for),
+            created: cache(created_for),
         }
     }
 
@@ -71,6 +76,29 @@ impl Memory {
     pub fn was_recorded(&self, ns: &str, name: &str) -> bool {
         self.recorded.contains_key(&key(ns, name))
     }
+
+    /// Remembers that worker Pod `name` in `ns` was created (or found existing on create).
+    pub fn created_pod(&self, ns: &str, name: &str) {
+        self.created.insert(key(ns, name), ());
+    }
+
+    /// Forgets a created Pod: the Pod watch has shown it, so from now on its absence means it is
+    /// gone.
+    pub fn saw_pod(&self, ns: &str, name: &str) {
+        self.created.invalidate(&key(ns, name));
+    }
+
+    /// Whether worker Pod `name` in `ns` was created recently and the Pod watch has not shown it.
+    pub fn created_unseen(&self, ns: &str, name: &str) -> bool {
+        self.created.contains_key(&key(ns, name))
+    }
+}
+
+fn cache<V: Clone + Send + Sync + 'static>(ttl: Duration) -> Cache<String, V> {
+    Cache::builder()
+        .max_capacity(CAPACITY)
+        .time_to_live(ttl)
+        .build()
 }
 
 fn key(ns: &str, name: &str) -> String {
@@ -105,11 +133,35 @@ mod tests {
         memory.forget_recorded("ns", "r1-call-1");
         assert!(!memory.was_recorded("ns", "r1-call-1"));
 
-        let short = Memory::new(Duration::from_millis(20), Duration::from_millis(20));
+        let short = Memory::new(
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+        );
         short.recorded("ns", "r1-call-1");
         short.wrote_over(&AgentRun::test().with_resource_version("1"));
         std::thread::sleep(Duration::from_millis(60));
         assert!(!short.was_recorded("ns", "r1-call-1"));
         assert!(!short.is_stale(&AgentRun::test().with_resource_version("1")));
+    }
+
+    #[test]
+    fn created_pods_are_remembered_until_seen_or_expired() {
+        let memory = Memory::default();
+        assert!(!memory.created_unseen("ns", "r1-step-1"));
+        memory.created_pod("ns", "r1-step-1");
+        assert!(memory.created_unseen("ns", "r1-step-1"));
+        assert!(!memory.created_unseen("other", "r1-step-1"));
+        memory.saw_pod("ns", "r1-step-1");
+        assert!(!memory.created_unseen("ns", "r1-step-1"));
+
+        let short = Memory::new(
+            Duration::from_secs(300),
+            Duration::from_secs(300),
+            Duration::from_millis(20),
+        );
+        short.created_pod("ns", "r1-step-1");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!short.created_unseen("ns", "r1-step-1"));
     }
 }

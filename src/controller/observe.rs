@@ -45,6 +45,9 @@ pub struct Observed {
     /// The run's requests whose resolution this replica recorded recently (the cache may not
     /// show it yet).
     pub recorded: BTreeSet<String>,
+    /// The run's worker Pods this replica created recently that [`pods`](Self::pods) does not
+    /// show yet (the Pod watch has not delivered them).
+    pub created_unseen: BTreeSet<String>,
     /// This replica wrote over this version of the run: the watch has not delivered the write.
     pub stale: bool,
     /// The admission policies that stamp and check decisions are installed.
@@ -192,6 +195,7 @@ impl Observed {
             requests: vec![],
             state: None,
             recorded: BTreeSet::new(),
+            created_unseen: BTreeSet::new(),
             stale: false,
             policies_installed: true,
             rights: BTreeMap::new(),
@@ -202,6 +206,18 @@ impl Observed {
 }
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The name of the worker Pod of the run's current step and attempt, while it runs one.
+fn current_worker_pod(run: &AgentRun) -> Option<String> {
+    let status = run.status.as_ref()?;
+    (status.phase == Some(AgentRunPhase::Running)).then(|| {
+        crate::crd::worker_pod_name(
+            &run.name_any(),
+            status.step.unwrap_or(0),
+            status.retries.unwrap_or(0),
+        )
+    })
+}
 
 /// Observes `run`. The returned permit, when there is one, bounds how many large states are in
 /// memory at once: hold it until the reconcile is done.
@@ -216,15 +232,25 @@ pub async fn observe(
         .map(|r| r.name_any())
         .filter(|name| ctx.memory.was_recorded(&ns, name))
         .collect();
+    let pods = ctx.pods.of(run);
+    let created_unseen = match current_worker_pod(run) {
+        Some(name) if pods.iter().any(|p| p.name_any() == name) => {
+            ctx.memory.saw_pod(&ns, &name);
+            BTreeSet::new()
+        }
+        Some(name) if ctx.memory.created_unseen(&ns, &name) => BTreeSet::from([name]),
+        _ => BTreeSet::new(),
+    };
     let mut observed = Observed {
         run: run.clone(),
         agent: ctx
             .agents
             .get(&ObjectRef::new(&run.spec.agent_ref.name).within(&ns)),
-        pods: ctx.pods.of(run),
+        pods,
         requests,
         state: None,
         recorded,
+        created_unseen,
         stale: ctx.memory.is_stale(run),
         policies_installed: ctx.policies_installed(),
         rights: BTreeMap::new(),

@@ -22,6 +22,9 @@ pub struct RequestCounts {
     pub unreadable_lines: u64,
 }
 
+/// The key of Pod create requests in [`RequestCounts::by_kind`].
+pub const POD_CREATES: &str = "create pods";
+
 /// Whether a verb changes state.
 pub fn is_write(verb: &str) -> bool {
     matches!(
@@ -319,12 +322,16 @@ mod tests {
                 None,
                 "ResponseComplete",
             ),
+            line("h", me, "create", "pods", None, "ResponseComplete"),
+            // A repeated create, answered 409, is a request too.
+            line("i", me, "create", "pods", None, "ResponseComplete"),
             format!("{{\"auditID\": \"g\", \"user\": {{\"username\": \"{me}\""),
         ]
         .join("\n");
         let counts = count_audit_requests(log.as_bytes(), me).unwrap();
-        assert_eq!(counts.total(), 5);
-        assert_eq!(counts.writes(), 3);
+        assert_eq!(counts.total(), 7);
+        assert_eq!(counts.writes(), 5);
+        assert_eq!(counts.by_kind[POD_CREATES], 2);
         assert_eq!(counts.by_kind["patch agentruns/status"], 1);
         assert_eq!(counts.by_kind["watch approvalrequests"], 1);
         assert_eq!(counts.unreadable_lines, 1);

@@ -31,6 +31,12 @@ pub struct BenchArgs {
     /// Do not replay the approval cycles through the ideal controller.
     #[arg(long)]
     pub no_ideal: bool,
+    /// Measure ours and the ideal controller in the same approval burst: each pair's runs in
+    /// two namespaces, each with its controller and dev kubelet, alice's approvals of the two
+    /// interleaved (`--concurrency` in flight in all). Without it the ideal's cycle runs right
+    /// after ours (before it in every other pair).
+    #[arg(long, conflicts_with = "no_ideal")]
+    pub side_by_side: bool,
     /// Single approvals made one at a time on an idle system (0 skips them).
     #[arg(long, default_value_t = 50)]
     pub single_approvals: usize,
@@ -104,6 +110,7 @@ impl BenchArgs {
             cluster_dir: self.cluster_dir.clone(),
             runs: self.runs.clone(),
             ideal: !self.no_ideal,
+            side_by_side: self.side_by_side,
             burst_size: self.burst_size,
             single_approvals: self.single_approvals,
             idle_runs: self.idle_runs,

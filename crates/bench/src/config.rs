@@ -16,6 +16,9 @@ pub struct BenchConfig {
     pub burst_size: usize,
     /// Replay each approval cycle through the ideal controller (same N, burst and kubelet).
     pub ideal: bool,
+    /// Measure ours and the ideal in the same approval burst (each in its namespace, with its
+    /// dev kubelet, their approvals interleaved) instead of one after the other.
+    pub side_by_side: bool,
     /// Single approvals made one at a time on an idle system (0 skips them).
     pub single_approvals: usize,
     /// Idle AwaitingApproval runs for the memory measurement (0 skips it).

@@ -10,22 +10,17 @@ use agentrun_testkit::tool_server::ToolServer;
 use futures::{StreamExt, stream};
 use kube::api::{Api, Patch, PatchParams};
 
-use crate::audit::{
-    audit_size, controller_events, count_audit_since, event_writes, event_writes_between,
-    event_writes_where, is_completion_reason,
-};
+use crate::audit::{audit_size, controller_events};
 use crate::baseline::{baseline_during, baseline_sample};
-use crate::bed::Bed;
 use crate::cluster::{BenchNamespace, Cluster, client_from};
 use crate::cpu::{CpuClock, Probe, control_plane_probes};
-use crate::ideal::{IdealController, check_ideal, start_ideal};
-use crate::objects::approval_patch;
-use crate::observe::{latencies, lock, phases};
-use crate::process::{Controller, Memory};
-use crate::report::{CycleReport, ReadyAgain, mib, ms, opt};
+use crate::lane::{Before, Lane, Shared};
+use crate::objects::{approval_patch, tool_path};
+use crate::observe::{Observations, latencies};
+use crate::report::CycleReport;
 use crate::run::{Progress, wait_for};
 use crate::stats::Percentiles;
-use crate::{APPROVER, BenchConfig, BenchError, EVENT_REPORTER, RUN_PREFIX, TOOL_CALL_ID};
+use crate::{APPROVER, BenchConfig, BenchError, TOOL_CALL_ID};
 
 /// Who acts on the approvals of a cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,41 +41,40 @@ pub(crate) async fn cycle(
     n: usize,
     driver: Driver,
 ) -> Result<CycleReport, BenchError> {
-    let label = match driver {
-        Driver::Ours => format!("N={n}"),
-        Driver::Ideal => format!("N={n} ideal"),
-    };
-    let say = |m: String| progress.say(format!("{label}: {m}"));
-    let mut bed = Bed::start(config, cluster, tools, ns).await?;
-    say("controller ready; creating runs".into());
-    let halted = bed.create_and_halt(config, cluster, ns, n).await?;
-    let (halt_seconds, halted) = (halted.seconds, halted.runs);
-    let ideal = match driver {
-        Driver::Ours => None,
-        Driver::Ideal => {
-            bed.stop_controller().await;
-            let ideal = start_ideal(ns).await?;
-            say("our controller stopped; the ideal controller acts on the approvals".into());
-            Some(ideal)
-        }
-    };
-    let seen = bed.seen.clone();
-    let check = |bed: &mut Bed| -> Result<(), BenchError> {
-        bed.check_alive()?;
-        check_ideal(ideal.as_ref())
-    };
-    say(format!(
-        "{}/{n} halted in {halt_seconds:.1} s; baseline before the burst ({} samples)",
-        halted.len(),
+    let mut reports = cycles(config, cluster, tools, progress, &[(ns, driver)], n).await?;
+    Ok(reports.remove(0))
+}
+
+/// One approval cycle of `n` runs in each lane's namespace, in one approval burst: the lanes'
+/// approvals interleaved, `config.concurrency` patches in flight in all. The baseline is sampled
+/// once, in the first lane's namespace, and the CPU of the burst is reported with the first lane.
+pub(crate) async fn cycles(
+    config: &BenchConfig,
+    cluster: &Cluster,
+    tools: &ToolServer,
+    progress: &Progress,
+    lanes: &[(&BenchNamespace, Driver)],
+    n: usize,
+) -> Result<Vec<CycleReport>, BenchError> {
+    let mut set = Vec::with_capacity(lanes.len());
+    for &(ns, driver) in lanes {
+        set.push(Lane::prepare(config, cluster, tools, progress, (ns, driver), n).await?);
+    }
+    let lanes = set;
+    let first = lanes
+        .first()
+        .ok_or_else(|| BenchError::Config("an approval cycle without a namespace".into()))?;
+    first.say(format!(
+        "baseline before the burst ({} samples)",
         config.baseline_samples
     ));
-
-    let baseline_client = client_from(&ns.baseline_kubeconfig).await?;
+    let baseline_ns = first.ns.clone();
+    let baseline_client = client_from(&baseline_ns.baseline_kubeconfig).await?;
     let quiet: Vec<Result<(String, Instant), kube::Error>> =
         stream::iter(0..config.baseline_samples)
             .map(|seq| {
                 let client = &baseline_client;
-                let ns = &ns.name;
+                let ns = &baseline_ns.name;
                 async move {
                     let pod = format!("baseline-quiet-{seq:05}");
                     baseline_sample(client, ns, seq, &pod)
@@ -93,58 +87,88 @@ pub(crate) async fn cycle(
             .await;
     let mut baseline_errors = quiet.iter().filter(|r| r.is_err()).count();
     let quiet: Vec<(String, Instant)> = quiet.into_iter().filter_map(Result::ok).collect();
-    let (quiet_ms, _) = latencies(&seen, &quiet, Duration::from_secs(120)).await;
+    let (quiet_ms, _) = latencies(&first.bed.seen, &quiet, Duration::from_secs(120)).await;
 
-    let events_before = controller_events(cluster, &ns.name).await?;
+    let mut before = Vec::with_capacity(lanes.len());
+    for lane in &lanes {
+        before.push(Before {
+            events: controller_events(cluster, &lane.ns.name).await?,
+            tool_calls: tools.requests_to(&tool_path(&lane.ns.name)).len(),
+        });
+        lane.say(format!(
+            "approving {} runs as {APPROVER}",
+            lane.halted.len()
+        ));
+    }
     let audit_offset = audit_size(&cluster.env.audit_log)?;
-    let calls_before = tools.request_count() as u64;
-    say(format!("approving {} runs as {APPROVER}", halted.len()));
 
-    let cpu = CpuClock::start(path_probes(config, &bed));
+    let cpu = CpuClock::start(path_probes(config, &lanes));
     let burst = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let live = tokio::spawn(baseline_during(
-        client_from(&ns.baseline_kubeconfig).await?,
-        ns.name.clone(),
+        client_from(&baseline_ns.baseline_kubeconfig).await?,
+        baseline_ns.name.clone(),
         config.baseline_interval,
         config.baseline_max_live,
         config.concurrency,
         stop.clone(),
     ));
-    let requests: Api<ApprovalRequest> = Api::namespaced(cluster.alice.clone(), &ns.name);
     let decision = approval_patch();
+    let apis: Vec<Api<ApprovalRequest>> = lanes
+        .iter()
+        .map(|lane| Api::namespaced(cluster.alice.clone(), &lane.ns.name))
+        .collect();
+    // The lanes' runs taken in turn: run i of every lane, then run i + 1.
+    let longest = lanes.iter().map(|l| l.halted.len()).max().unwrap_or(0);
+    let order: Vec<(usize, String)> = (0..longest)
+        .flat_map(|i| {
+            lanes
+                .iter()
+                .enumerate()
+                .filter_map(move |(l, lane)| lane.halted.get(i).map(|run| (l, run.clone())))
+        })
+        .collect();
     let burst_size = match config.burst_size {
-        0 => halted.len(),
-        size => size,
+        0 => order.len(),
+        size => size * lanes.len(),
     };
-    let mut outcomes: Vec<(String, Result<Instant, kube::Error>)> = Vec::new();
-    for (index, chunk) in halted.chunks(burst_size).enumerate() {
+    let mut outcomes: Vec<(usize, String, Result<Instant, kube::Error>)> = Vec::new();
+    let mut lanes = lanes;
+    for (index, chunk) in order.chunks(burst_size.max(1)).enumerate() {
         if index > 0 {
             // The next burst once every Pod of the previous one exists.
             wait_for(
                 "the worker Pods of the previous burst",
                 config.timeout,
                 || {
-                    check(&mut bed)?;
+                    for lane in &mut lanes {
+                        lane.check()?;
+                    }
                     let missing = outcomes
                         .iter()
-                        .filter(|(run, _)| seen.pod_seen(&worker_pod_name(run, 1, 0)).is_none())
+                        .filter(|(l, run, _)| {
+                            lanes[*l]
+                                .bed
+                                .seen
+                                .pod_seen(&worker_pod_name(run, 1, 0))
+                                .is_none()
+                        })
                         .count();
                     Ok((missing > 0).then(|| format!("{missing} missing")))
                 },
             )
             .await?;
         }
-        let results: Vec<(String, Result<Instant, kube::Error>)> = stream::iter(chunk)
-            .map(|run| {
-                let (requests, decision) = (&requests, &decision);
+        let results: Vec<(usize, String, Result<Instant, kube::Error>)> = stream::iter(chunk)
+            .map(|(l, run)| {
+                let (l, requests, decision) = (*l, &apis[*l], &decision);
                 async move {
                     let name = agentrun::crd::approval_request_name(run, TOOL_CALL_ID);
                     let result = requests
                         .patch(&name, &PatchParams::default(), &Patch::Merge(decision))
                         .await
                         .map(|_| Instant::now());
-                    (run.clone(), result)
+                    (l, run.clone(), result)
                 }
             })
             .buffer_unordered(config.concurrency)
@@ -153,30 +177,36 @@ pub(crate) async fn cycle(
         outcomes.extend(results);
     }
     let approve_seconds = burst.elapsed().as_secs_f64();
-    let mut approvals = Vec::new();
-    let mut approval_errors = Vec::new();
-    for (run, result) in outcomes {
+    for (l, run, result) in outcomes {
         match result {
-            Ok(at) => approvals.push((worker_pod_name(&run, 1, 0), run, at)),
-            Err(e) => approval_errors.push(format!("{run}: {e}")),
+            Ok(at) => lanes[l]
+                .approvals
+                .push((worker_pod_name(&run, 1, 0), run, at)),
+            Err(e) => lanes[l].approval_errors.push(format!("{run}: {e}")),
         }
     }
-    say(format!(
-        "{} approvals returned in {approve_seconds:.1} s ({} refused); waiting for the worker Pods",
-        approvals.len(),
-        approval_errors.len()
-    ));
+    for lane in &lanes {
+        lane.say(format!(
+            "{} approvals returned in {approve_seconds:.1} s ({} refused); waiting for the worker Pods",
+            lane.approvals.len(),
+            lane.approval_errors.len()
+        ));
+    }
 
     let pods_result = wait_for(
         "the next worker Pod of every approved run",
         config.timeout,
         || {
-            check(&mut bed)?;
-            let missing = approvals
-                .iter()
-                .filter(|(pod, _, _)| seen.pod_seen(pod).is_none())
-                .count();
-            Ok((missing > 0).then(|| format!("{missing}/{} missing", approvals.len())))
+            let mut missing = 0;
+            for lane in &mut lanes {
+                lane.check()?;
+                missing += lane
+                    .approvals
+                    .iter()
+                    .filter(|(pod, _, _)| lane.bed.seen.pod_seen(pod).is_none())
+                    .count();
+            }
+            Ok((missing > 0).then(|| format!("{missing} missing")))
         },
     )
     .await;
@@ -185,146 +215,79 @@ pub(crate) async fn cycle(
     let (live_samples, live_errors) = live.await.unwrap_or_default();
     baseline_errors += live_errors;
     pods_result?;
-    say("every next worker Pod created; waiting for the runs to finish".into());
-
-    let approved: Vec<String> = approvals.iter().map(|(_, run, _)| run.clone()).collect();
+    for lane in &lanes {
+        lane.say("every next worker Pod created; waiting for the runs to finish".into());
+    }
     wait_for("every approved run to finish", config.timeout, || {
-        check(&mut bed)?;
-        let (done, _) = bed.finished(&approved);
-        Ok((done < approved.len()).then(|| format!("{done}/{} finished", approved.len())))
+        let mut left = 0;
+        for lane in &mut lanes {
+            lane.check()?;
+            let approved = lane.approved();
+            left += approved.len() - lane.bed.finished(&approved).0;
+        }
+        Ok((left > 0).then(|| format!("{left} not finished")))
     })
     .await?;
-    let runs_seen = seen.runs();
-    let (_, finished_at) = bed.finished(&approved);
-    let complete_seconds = finished_at.map_or(0.0, |at| (at - burst).as_secs_f64());
     // Let the last Events and status writes land before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let controller_memory = match &bed.controller {
-        Some(controller) => controller.process.memory()?,
-        None => Memory::default(),
-    };
-    let tool_calls = tools.request_count() as u64 - calls_before;
 
-    let starts: Vec<(String, Instant)> = approvals
-        .iter()
-        .map(|(pod, _, at)| (pod.clone(), *at))
-        .collect();
-    let (latency_ms, early_pods) = latencies(&seen, &starts, Duration::from_secs(1)).await;
-    let approved_at: Vec<(String, Instant)> = approvals
-        .iter()
-        .map(|(_, run, at)| (run.clone(), *at))
-        .collect();
-    let (to_resumed, resumed_to_pod) = phases(&seen, &approved_at);
-    let (live_ms, _) = latencies(&seen, &live_samples, Duration::from_secs(120)).await;
-    let requests = count_audit_since(
-        &cluster.env.audit_log,
+    let (live_ms, _) =
+        latencies(&first_seen(&lanes), &live_samples, Duration::from_secs(120)).await;
+    let shared = Shared {
+        burst,
         audit_offset,
-        ns.controller_username(),
-    )
-    .await?;
-    let events_after = controller_events(cluster, &ns.name).await?;
-    let pods_seen = lock(&seen.pods).clone();
-    let pod_creates = pods_seen
-        .iter()
-        .filter(|(name, at)| name.starts_with(RUN_PREFIX) && **at >= burst)
-        .count() as u64;
-
-    // A fresh controller with every run of the cycle present: how long until it is ready.
-    let ready_again = match driver {
-        Driver::Ours => {
-            bed.stop_controller().await;
-            let (mut controller, started) =
-                Controller::start(config, ns, "controller-restarted.log").await?;
-            controller.wait_ready(config.timeout).await?;
-            let seconds = started.elapsed().as_secs_f64();
-            let memory = controller.process.memory()?;
-            let caches = controller.cache_sync_times();
-            controller.process.stop().await;
-            Some(ReadyAgain {
-                seconds,
-                memory,
-                caches,
-            })
-        }
-        Driver::Ideal => None,
-    };
-    bed.stop_controller().await;
-    let ideal_writes = ideal.as_ref().map(IdealController::writes);
-    drop(ideal);
-    bed.kubelet.stop().await;
-
-    let succeeded = runs_seen
-        .values()
-        .filter(|s| s.terminal.is_some_and(|(_, ok)| ok))
-        .count();
-    let failed = runs_seen
-        .values()
-        .filter(|s| s.terminal.is_some_and(|(_, ok)| !ok))
-        .count();
-    let report = CycleReport {
-        runs: n,
-        halted: halted.len(),
-        approved: approvals.len(),
-        approval_errors,
-        succeeded,
-        failed,
-        halt_seconds,
         approve_seconds,
-        latency: Percentiles::of(&latency_ms),
-        to_resumed: Percentiles::of(&to_resumed),
-        resumed_to_pod: Percentiles::of(&resumed_to_pod),
-        early_pods,
         baseline: Percentiles::of(&live_ms),
         baseline_quiet: Percentiles::of(&quiet_ms),
         baseline_errors,
-        complete_seconds,
-        requests,
-        pod_creates,
-        event_writes: event_writes_between(
-            &event_writes(&events_before, EVENT_REPORTER),
-            &event_writes(&events_after, EVENT_REPORTER),
-        ),
-        completion_event_writes: event_writes_between(
-            &event_writes_where(&events_before, EVENT_REPORTER, is_completion_reason),
-            &event_writes_where(&events_after, EVENT_REPORTER, is_completion_reason),
-        ),
-        tool_calls,
-        cpu: Some(cpu),
-        controller_memory,
-        ready_again,
-        ideal_writes,
-        ideal: None,
-        ideal_first: false,
     };
-    say(format!(
-        "done: p99 {} (baseline {}), {} runs/s, {} writes per cycle, controller peak {}",
-        report.latency.map_or("n/a".into(), |p| ms(p.p99)),
-        report.baseline.map_or("n/a".into(), |p| ms(p.p99)),
-        opt(report.runs_per_second(), ""),
-        opt(report.writes_per_cycle(), ""),
-        mib(report.controller_memory.peak_kib)
-    ));
-    Ok(report)
+    let mut cpu = Some(cpu);
+    let mut reports = Vec::with_capacity(lanes.len());
+    for (lane, before) in lanes.into_iter().zip(before) {
+        reports.push(
+            lane.finish(config, cluster, tools, &shared, before, cpu.take())
+                .await?,
+        );
+    }
+    Ok(reports)
+}
+
+fn first_seen(lanes: &[Lane]) -> Arc<Observations> {
+    lanes
+        .first()
+        .map(|l| l.bed.seen.clone())
+        .unwrap_or_default()
 }
 
 /// The processes on the approval path: the control plane's, our controller (when it runs), the
-/// dev kubelet with the workers it reaped, and this process (the approvals, the watches, the
-/// baseline and, in the ideal's cycle, the ideal controller).
-fn path_probes(config: &BenchConfig, bed: &Bed) -> Vec<Probe> {
+/// dev kubelets with the workers they reaped, and this process (the approvals, the watches, the
+/// baseline and, in the ideal's lane, the ideal controller).
+fn path_probes(config: &BenchConfig, lanes: &[Lane]) -> Vec<Probe> {
     let mut probes = control_plane_probes(&config.cluster_dir);
-    let probe = |role: &str, pid: Option<u32>, with_children: bool| {
+    let probe = |role: String, pid: Option<u32>, with_children: bool| {
         pid.map(|pid| Probe {
-            role: role.to_owned(),
+            role,
             pid,
             with_children,
         })
     };
-    probes.extend(probe(
-        "controller",
-        bed.controller.as_ref().and_then(|c| c.process.pid()),
-        false,
-    ));
-    probes.extend(probe("dev-kubelet+workers", bed.kubelet.pid(), true));
-    probes.extend(probe("bench", Some(std::process::id()), false));
+    for (index, lane) in lanes.iter().enumerate() {
+        let of_lane = if index == 0 {
+            String::new()
+        } else {
+            format!(" ({})", lane.label)
+        };
+        probes.extend(probe(
+            format!("controller{of_lane}"),
+            lane.bed.controller.as_ref().and_then(|c| c.process.pid()),
+            false,
+        ));
+        probes.extend(probe(
+            format!("dev-kubelet+workers{of_lane}"),
+            lane.bed.kubelet.pid(),
+            true,
+        ));
+    }
+    probes.extend(probe("bench".into(), Some(std::process::id()), false));
     probes
 }

@@ -41,6 +41,7 @@ mod cycle;
 mod error;
 mod ideal;
 mod idle;
+mod lane;
 mod objects;
 mod observe;
 mod process;

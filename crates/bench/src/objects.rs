@@ -1,7 +1,7 @@
 //! The benchmark's objects: its Agent (a scripted model and one tool needing approval) and runs.
 
 use agentrun::crd::{Agent, AgentRun};
-use agentrun_testkit::tool_server::ToolServer;
+use agentrun_testkit::tool_server::{ToolReply, ToolServer};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -47,11 +47,19 @@ pub(crate) async fn create_agent(
     ns: &str,
     tools: &ToolServer,
 ) -> Result<Agent, BenchError> {
-    let agent = agent_object(ns, &tools.url(TOOL_PATH))?;
+    let path = tool_path(ns);
+    tools.set_reply(&path, ToolReply::Json(json!({"ok": true, "applied": true})));
+    let agent = agent_object(ns, &tools.url(&path))?;
     Api::<Agent>::namespaced(cluster.admin.clone(), ns)
         .create(&PostParams::default(), &agent)
         .await
         .map_err(kube_error("creating the Agent"))
+}
+
+/// The path of the tool of the Agent in `ns` on the benchmark's tool server (one per namespace,
+/// so that each namespace's calls are counted apart).
+pub(crate) fn tool_path(ns: &str) -> String {
+    format!("{TOOL_PATH}/{ns}")
 }
 
 /// One run of the benchmark's Agent.

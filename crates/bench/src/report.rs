@@ -70,8 +70,21 @@ pub struct CycleReport {
     pub ideal_writes: Option<u64>,
     /// The same cycle with the ideal controller acting on the approvals, if it was replayed.
     pub ideal: Option<Box<CycleReport>>,
-    /// Whether the ideal's cycle ran before ours (every other pair).
-    pub ideal_first: bool,
+    /// When the ideal's cycle ran, against ours.
+    pub ideal_measured: IdealMeasured,
+}
+
+/// When the ideal controller's cycle of a pair was measured, against ours.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IdealMeasured {
+    /// Right after ours.
+    #[default]
+    After,
+    /// Right before ours (every other pair).
+    Before,
+    /// In the same approval burst, each controller with its own namespace and dev kubelet
+    /// (`--side-by-side`).
+    SameBurst,
 }
 
 /// A fresh controller started after a cycle, with every run present.
@@ -620,10 +633,11 @@ impl BenchReport {
         }
         row(
             "ideal controller: measured",
-            &|c| match (&c.ideal, c.ideal_first) {
+            &|c| match (&c.ideal, c.ideal_measured) {
                 (None, _) => "n/a".into(),
-                (Some(_), true) => "before ours".into(),
-                (Some(_), false) => "after ours".into(),
+                (Some(_), IdealMeasured::Before) => "before ours".into(),
+                (Some(_), IdealMeasured::After) => "after ours".into(),
+                (Some(_), IdealMeasured::SameBurst) => "in the same burst".into(),
             },
             "",
             None,

@@ -139,7 +139,7 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
         cycles: vec![
             with_ideal(cycle_report(100, 30.0, 20.0, 200), 10.0, 10.0),
             CycleReport {
-                ideal_first: true,
+                ideal_measured: IdealMeasured::Before,
                 ..with_ideal(cycle_report(1000, 120.0, 30.0, 2000), 100.0, 8.0)
             },
         ],

@@ -3,19 +3,19 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use agentrun_testkit::tool_server::{ToolReply, ToolServer};
+use agentrun_testkit::tool_server::ToolServer;
 use agentrun_testkit::wait::poll_until;
-use serde_json::json;
 
 use crate::cluster::{BenchNamespace, Cluster, create_namespace, remove_namespace};
-use crate::cycle::{Driver, cycle};
+use crate::cycle::{Driver, cycle, cycles};
 use crate::error::io_error;
 use crate::idle::idle;
-use crate::objects::TOOL_PATH;
+use crate::report::IdealMeasured;
 use crate::single::single;
 use crate::{BenchConfig, BenchError, BenchReport};
 
 /// Progress lines on stderr, stamped with the time since the start.
+#[derive(Clone, Copy)]
 pub(crate) struct Progress {
     start: Instant,
 }
@@ -50,10 +50,6 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
     let tools = ToolServer::try_start()
         .await
         .map_err(io_error("starting the tool server on 127.0.0.1"))?;
-    tools.set_reply(
-        TOOL_PATH,
-        ToolReply::Json(json!({"ok": true, "applied": true})),
-    );
     let mut report = BenchReport {
         kubelet_max_pods: config.kubelet_max_pods,
         ..Default::default()
@@ -77,13 +73,45 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             cycle(config, cluster, tools, progress, &ns, n, Driver::Ideal).await
         };
         let (ours_prefix, ideal_prefix) = (format!("bench-{n}"), format!("bench-ideal-{n}"));
-        // Every other pair runs the ideal first, so that neither controller always meets the
-        // control plane as the other one left it.
-        let mut ours = if config.ideal && pair % 2 == 1 {
+        let ours = if config.ideal && config.side_by_side {
+            progress.say(format!(
+                "pair {}: ours and the ideal controller in the same approval burst",
+                pair + 1
+            ));
+            phase(
+                config,
+                cluster,
+                progress,
+                &ours_prefix,
+                |ours_ns| async move {
+                    phase(
+                        config,
+                        cluster,
+                        progress,
+                        &ideal_prefix,
+                        |ideal_ns| async move {
+                            let lanes = [(&ours_ns, Driver::Ours), (&ideal_ns, Driver::Ideal)];
+                            let mut reports =
+                                cycles(config, cluster, tools, progress, &lanes, n).await?;
+                            let ideal = reports.pop();
+                            let mut ours = reports.remove(0);
+                            ours.ideal = ideal.map(Box::new);
+                            ours.ideal_measured = IdealMeasured::SameBurst;
+                            Ok(ours)
+                        },
+                    )
+                    .await
+                },
+            )
+            .await?
+        } else if config.ideal && pair % 2 == 1 {
+            // Every other pair runs the ideal first, so that neither controller always meets
+            // the control plane as the other one left it.
             progress.say(format!("pair {}: the ideal controller first", pair + 1));
             let ideal = phase(config, cluster, progress, &ideal_prefix, ideal).await?;
             let mut ours = phase(config, cluster, progress, &ours_prefix, ours).await?;
             ours.ideal = Some(Box::new(ideal));
+            ours.ideal_measured = IdealMeasured::Before;
             ours
         } else {
             let mut ours = phase(config, cluster, progress, &ours_prefix, ours).await?;
@@ -93,7 +121,6 @@ pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             }
             ours
         };
-        ours.ideal_first = config.ideal && pair % 2 == 1;
         report.cycles.push(ours);
     }
     if config.single_approvals > 0 {

@@ -356,6 +356,11 @@ pub fn decide(observed: &Observed, policy: &Policy) -> Action {
         Some(AgentRunPhase::Running) => {
             let name = worker_pod_name(&run.name_any(), step, attempt);
             match pod_outcome(find_pod(&observed.pods, &name)) {
+                // Created by this replica a moment ago: the Pod watch shows it soon, and then
+                // the run is reconciled again.
+                PodOutcome::Missing if observed.created_unseen.contains(&name) => {
+                    Action::Recheck(super::memory::CREATED_POD_UNSEEN_FOR)
+                }
                 PodOutcome::Missing => Action::CreatePod { step, attempt },
                 PodOutcome::InProgress => Action::Wait,
                 PodOutcome::Failed {

@@ -117,6 +117,30 @@ fn a_running_step_without_its_pod_recreates_it_with_the_same_name() {
 }
 
 #[test]
+fn a_pod_this_replica_just_created_is_not_created_again_before_the_watch_shows_it() {
+    let r = run(Some(AgentRunPhase::Running), 2, 0);
+    let observed = Observed {
+        created_unseen: ["r1-step-2".to_owned()].into(),
+        ..observe(&r, &[], &[], None)
+    };
+    assert_eq!(
+        decide(&observed, &Policy::default()),
+        Action::Recheck(crate::controller::memory::CREATED_POD_UNSEEN_FOR)
+    );
+    let earlier_attempt = Observed {
+        created_unseen: ["r1-step-1".to_owned()].into(),
+        ..observe(&r, &[], &[], None)
+    };
+    assert_eq!(
+        decide(&earlier_attempt, &Policy::default()),
+        Action::CreatePod {
+            step: 2,
+            attempt: 0
+        }
+    );
+}
+
+#[test]
 fn a_failed_worker_is_retried_after_backoff_then_fails_the_run() {
     let r = run(Some(AgentRunPhase::Running), 0, 0);
     let failed = [pod(

@@ -31,12 +31,15 @@ pub struct BenchArgs {
     /// Do not replay the approval cycles through the ideal controller.
     #[arg(long)]
     pub no_ideal: bool,
-    /// Measure ours and the ideal controller in the same approval burst: each pair's runs in
-    /// two namespaces, each with its controller and dev kubelet, alice's approvals of the two
-    /// interleaved (`--concurrency` in flight in all). Without it the ideal's cycle runs right
-    /// after ours (before it in every other pair).
+    /// Measure ours and the ideal controller in the same approval burst (the default): each
+    /// pair's runs in two namespaces, each with its controller and dev kubelet, alice's
+    /// approvals of the two interleaved (`--concurrency` in flight in all).
     #[arg(long, conflicts_with = "no_ideal")]
     pub side_by_side: bool,
+    /// Measure the ideal controller's approval cycle right after ours (before it in every other
+    /// pair) instead of in the same approval burst.
+    #[arg(long, conflicts_with_all = ["no_ideal", "side_by_side"])]
+    pub one_after_the_other: bool,
     /// Single approvals made one at a time on an idle system (0 skips them).
     #[arg(long, default_value_t = 50)]
     pub single_approvals: usize,
@@ -110,7 +113,7 @@ impl BenchArgs {
             cluster_dir: self.cluster_dir.clone(),
             runs: self.runs.clone(),
             ideal: !self.no_ideal,
-            side_by_side: self.side_by_side,
+            side_by_side: !self.one_after_the_other,
             burst_size: self.burst_size,
             single_approvals: self.single_approvals,
             idle_runs: self.idle_runs,
@@ -174,4 +177,31 @@ pub fn main(args: BenchArgs) -> ExitCode {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::BenchArgs;
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        BenchArgs::try_parse_from(["agentrun-bench", "--cluster-dir", "/c"].iter().chain(args))
+    }
+
+    #[test]
+    fn both_controllers_share_one_approval_burst_unless_asked_otherwise() {
+        let side_by_side = |args: &[&str]| parse(args).unwrap().config().unwrap().side_by_side;
+        assert!(side_by_side(&[]));
+        assert!(side_by_side(&["--side-by-side"]));
+        assert!(!side_by_side(&["--one-after-the-other"]));
+        for conflicting in [
+            &["--side-by-side", "--one-after-the-other"][..],
+            &["--no-ideal", "--one-after-the-other"],
+            &["--no-ideal", "--side-by-side"],
+        ] {
+            let error = parse(conflicting).expect_err("conflicting flags refused");
+            assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+        }
+    }
 }

@@ -12,7 +12,7 @@ use crate::audit::{
 };
 use crate::bed::Bed;
 use crate::cluster::{BenchNamespace, Cluster};
-use crate::cpu::CpuUse;
+use crate::cpu::{CpuClock, CpuUse, Probe, control_plane_probes};
 use crate::cycle::Driver;
 use crate::ideal::{IdealController, check_ideal, start_ideal};
 use crate::objects::tool_path;
@@ -171,8 +171,16 @@ impl Lane {
                 self.bed.stop_controller().await;
                 let (mut controller, started) =
                     Controller::start(config, ns, "controller-restarted.log").await?;
+                let mut probes = control_plane_probes(&config.cluster_dir);
+                probes.extend(controller.process.pid().map(|pid| Probe {
+                    role: "controller".into(),
+                    pid,
+                    with_children: false,
+                }));
+                let cpu = CpuClock::start(probes);
                 controller.wait_ready(config.timeout).await?;
                 let seconds = started.elapsed().as_secs_f64();
+                let cpu = Some(cpu.finish());
                 let memory = controller.process.memory()?;
                 let caches = controller.cache_sync_times();
                 controller.process.stop().await;
@@ -180,6 +188,7 @@ impl Lane {
                     seconds,
                     memory,
                     caches,
+                    cpu,
                 })
             }
             Driver::Ideal => None,

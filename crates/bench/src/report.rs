@@ -96,6 +96,8 @@ pub struct ReadyAgain {
     pub memory: Memory,
     /// When each cache synced (milliseconds after its watches started), from its log.
     pub caches: Vec<(String, u64)>,
+    /// The CPU the control plane and the fresh controller spent from its start until ready.
+    pub cpu: Option<CpuUse>,
 }
 
 impl CycleReport {
@@ -572,6 +574,18 @@ impl BenchReport {
                         .collect::<Vec<_>>()
                         .join(", ")
                 })
+            },
+            "",
+            None,
+        );
+        cycle_row(
+            &mut table,
+            "fresh controller: CPU seconds until ready",
+            &|c| {
+                c.ready_again
+                    .as_ref()
+                    .and_then(|r| r.cpu.as_ref())
+                    .map_or("n/a".into(), CpuUse::summary)
             },
             "",
             None,

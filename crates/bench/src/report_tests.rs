@@ -131,6 +131,11 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
                 peak_kib: 50 * 1024,
             },
             caches: vec![("agentruns".into(), 1200), ("pods".into(), 4400)],
+            cpu: Some(CpuUse {
+                processes: vec![("kube-apiserver".into(), 3.04), ("controller".into(), 1.5)],
+                seconds: 4.5,
+                machine_busy: 0.7,
+            }),
         });
         ours
     };
@@ -184,6 +189,10 @@ fn ours_is_compared_with_the_ideal_controller_at_n_1000() {
     assert_eq!(
         rows_of(&text, "fresh controller: each cache synced after (s)")[1..3],
         ["agentruns 1.2, pods 4.4", "agentruns 1.2, pods 4.4"]
+    );
+    assert_eq!(
+        rows_of(&text, "fresh controller: CPU seconds until ready")[1],
+        "kube-apiserver 3.0, controller 1.5; 4.5 s, machine 70% busy"
     );
     assert!(text.contains("N=1000: ideal controller requests (1000 approvals)"));
     assert!(text.contains(

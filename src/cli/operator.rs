@@ -220,10 +220,10 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
     let telemetry = telemetry("agentrun-controller");
     init_tracing(args.log_format, &telemetry);
     let code = runtime().block_on(async move {
-        let client = match Client::try_default().await {
+        let client = match crate::controller::connection::infer_client().await {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("error: cannot configure a Kubernetes client: {e}");
+                eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
         };

@@ -220,10 +220,10 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
     let telemetry = telemetry("agentrun-controller");
     init_tracing(args.log_format, &telemetry);
     let code = runtime().block_on(async move {
-        let client = match crate::controller::connection::infer_client().await {
+        let client = match Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: cannot configure a Kubernetes client: {e}");
                 return ExitCode::FAILURE;
             }
         };

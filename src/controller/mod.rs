@@ -11,15 +11,14 @@
 //!    decisions applied, Events, the resolutions to record;
 //! 3. [`execute`]: the writes, with the `agentrun-controller` field manager.
 //!
-//! [`runtime`] wires the watches, caches, leader election and probes; [`connection`] is its
-//! HTTP/2 connection to the API server; [`agent_status`] and [`policy_status`] are two more
-//! controllers, keeping each Agent's and each ApprovalPolicy's status.
+//! [`runtime`] wires the watches, caches, leader election and probes; [`agent_status`] and
+//! [`policy_status`] are two more controllers, keeping each Agent's and each ApprovalPolicy's
+//! status.
 
 pub mod agent_status;
 pub mod assertions;
 pub mod cached_pod;
 pub mod children;
-pub mod connection;
 pub mod decide;
 pub mod execute;
 pub mod memory;

@@ -1,7 +1,5 @@
 //! Smoke tests of the test harness: the real control plane behaves as a cluster does.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
@@ -12,7 +10,6 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -536,88 +533,4 @@ async fn a_watch_stream_sees_deletions() {
     .await
     .expect("a delete event");
     assert_eq!(deleted.metadata.name.as_deref(), Some("gone"));
-}
-
-/// A loopback TCP relay to `upstream` that counts the connections it accepts.
-async fn counting_relay(upstream: String) -> (String, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind relay");
-    let url = format!("https://{}", listener.local_addr().expect("relay address"));
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    (url, accepted)
-}
-
-/// Admin's client configuration, pointed at `url`.
-async fn admin_config_via(cp: &ControlPlane, url: &str) -> kube::Config {
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).expect("kubeconfig");
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-    config.cluster_url = url.parse().expect("relay URL");
-    config
-}
-
-/// 64 lists at once, while a watch is open.
-async fn many_requests_at_once(client: kube::Client, ns: &str) {
-    let api: Api<ConfigMap> = Api::namespaced(client, ns);
-    let watch = watcher(api.clone(), watcher::Config::default()).applied_objects();
-    let mut watch = std::pin::pin!(watch);
-    let lists = futures::future::join_all(
-        (0..64).map(|_| async { api.list(&ListParams::default()).await.expect("list") }),
-    );
-    let (_, first) = tokio::join!(lists, watch.next());
-    first.expect("a watch event").expect("no watch error");
-}
-
-#[tokio::test]
-async fn the_controllers_client_multiplexes_over_one_http2_connection() {
-    let cp = ControlPlane::shared().await;
-    let ns = cp.namespace("http2").await;
-    let admin = cp.client(Identity::Admin).await;
-    Api::<ConfigMap>::namespaced(admin, &ns.name)
-        .create(&PostParams::default(), &configmap("seen", &[]))
-        .await
-        .expect("create");
-    let upstream = cp.url().trim_start_matches("https://").to_owned();
-
-    let (url, accepted) = counting_relay(upstream.clone()).await;
-    let client =
-        agentrun::controller::connection::client(admin_config_via(cp, &url).await).expect("client");
-    let version = client
-        .send(
-            http::Request::get("/version")
-                .body(kube::client::Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("GET /version")
-        .version();
-    assert_eq!(version, http::Version::HTTP_2);
-    many_requests_at_once(client, &ns.name).await;
-    assert_eq!(accepted.load(Ordering::SeqCst), 1, "connections opened");
-
-    // The same requests through kube's default client open a connection per request in flight:
-    // the relay counts what it should.
-    let (url, accepted) = counting_relay(upstream).await;
-    let http1 = kube::Client::try_from(admin_config_via(cp, &url).await).expect("client");
-    many_requests_at_once(http1, &ns.name).await;
-    assert!(
-        accepted.load(Ordering::SeqCst) > 1,
-        "kube's HTTP/1.1 client opened {} connections",
-        accepted.load(Ordering::SeqCst)
-    );
 }

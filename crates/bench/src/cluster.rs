@@ -30,7 +30,7 @@ pub(crate) struct Cluster {
     pub(crate) alice: Client,
 }
 
-/// A client from a kubeconfig file, over HTTP/2 as our controller's.
+/// A client from a kubeconfig file.
 pub(crate) async fn client_from(path: &Path) -> Result<Client, BenchError> {
     let bad = |message: String| BenchError::Kubeconfig {
         path: path.to_owned(),
@@ -40,7 +40,7 @@ pub(crate) async fn client_from(path: &Path) -> Result<Client, BenchError> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| bad(e.to_string()))?;
-    agentrun::controller::connection::client(config).map_err(|e| bad(e.to_string()))
+    Client::try_from(config).map_err(|e| bad(e.to_string()))
 }
 
 impl Cluster {

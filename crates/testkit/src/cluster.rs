@@ -225,14 +225,14 @@ impl ControlPlane {
         std::fs::read(self.dir.join("pki/ca.crt")).expect("read CA")
     }
 
-    /// A new client acting as `identity`, over HTTP/2 as the controller's. Clients are bound to
-    /// the async runtime that made them, so each test makes its own.
+    /// A new client acting as `identity`. Clients are bound to the async runtime that made them,
+    /// so each test makes its own.
     pub async fn client(&self, identity: Identity) -> Client {
         let kc = Kubeconfig::read_from(self.kubeconfig(identity)).expect("read kubeconfig");
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .expect("kubeconfig");
-        agentrun::controller::connection::client(config).expect("client")
+        Client::try_from(config).expect("client")
     }
 
     /// A new client authenticating with a bearer token (e.g. one minted for a service account).
@@ -245,7 +245,7 @@ impl ControlPlane {
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .expect("kubeconfig");
-        agentrun::controller::connection::client(config).expect("client")
+        Client::try_from(config).expect("client")
     }
 
     /// A kubeconfig file (in the cluster folder) for a bearer token, e.g. for kubectl or a worker.

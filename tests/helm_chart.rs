@@ -693,8 +693,6 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "5",
             "--concurrency",
             "256",
-            "--max-requests-in-flight",
-            "64",
             "--state-cache-mib",
             "32",
             // `helm template` renders for a recent Kubernetes, where streaming lists are on.

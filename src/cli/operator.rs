@@ -102,11 +102,6 @@ pub struct ControllerArgs {
     /// How many runs are reconciled at once.
     #[arg(long, env = "AGENTRUN_CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
-    /// How many requests the controller has in flight to the API server at most, watches and
-    /// leader-lease requests excepted; each holds a connection, so this bounds the connections
-    /// and their memory.
-    #[arg(long, env = "AGENTRUN_MAX_REQUESTS_IN_FLIGHT", default_value_t = crate::controller::request_limit::DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u16).range(1..))]
-    pub max_requests_in_flight: u16,
     /// MiB of small RunStates kept in memory, so that applying a decision needs no extra read
     /// (0 disables).
     #[arg(long, env = "AGENTRUN_STATE_CACHE_MIB", default_value_t = 32)]
@@ -225,14 +220,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
     let telemetry = telemetry("agentrun-controller");
     init_tracing(args.log_format, &telemetry);
     let code = runtime().block_on(async move {
-        let client = match kube::Config::infer().await {
-            Ok(config) => {
-                crate::controller::request_limit::client(config, args.max_requests_in_flight)
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        let client = match client {
+        let client = match Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("error: cannot configure a Kubernetes client: {e}");

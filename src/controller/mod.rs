@@ -28,7 +28,6 @@ pub mod owned;
 pub mod plan;
 pub mod policy_status;
 pub mod reconcile;
-pub mod request_limit;
 pub mod resolutions;
 pub mod runtime;
 pub mod shared_snapshots;

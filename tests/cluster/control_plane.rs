@@ -1,7 +1,5 @@
 //! Smoke tests of the test harness: the real control plane behaves as a cluster does.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentrun_testkit::cluster::{ControlPlane, Identity, assert_success};
@@ -12,7 +10,6 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -536,132 +533,4 @@ async fn a_watch_stream_sees_deletions() {
     .await
     .expect("a delete event");
     assert_eq!(deleted.metadata.name.as_deref(), Some("gone"));
-}
-
-/// A loopback TCP relay to `upstream` that counts the connections it accepts.
-async fn counting_relay(upstream: String) -> (String, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind relay");
-    let url = format!("https://{}", listener.local_addr().expect("relay address"));
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    (url, accepted)
-}
-
-/// Admin's client configuration, pointed at `url`.
-async fn admin_config_via(cp: &ControlPlane, url: &str) -> kube::Config {
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig(Identity::Admin)).expect("kubeconfig");
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-    config.cluster_url = url.parse().expect("relay URL");
-    config
-}
-
-/// 64 lists at once.
-async fn many_requests_at_once(client: kube::Client, ns: &str) {
-    let api: Api<ConfigMap> = Api::namespaced(client, ns);
-    futures::future::join_all(
-        (0..64).map(|_| async { api.list(&ListParams::default()).await.expect("list") }),
-    )
-    .await;
-}
-
-/// A GET of the namespace's ConfigMaps, sent but its answer not read.
-fn list_request(ns: &str) -> http::Request<kube::client::Body> {
-    http::Request::get(format!("/api/v1/namespaces/{ns}/configmaps"))
-        .body(kube::client::Body::empty())
-        .expect("request")
-}
-
-#[tokio::test]
-async fn the_controllers_client_keeps_few_requests_and_connections_in_flight() {
-    let cp = ControlPlane::shared().await;
-    let ns = cp.namespace("in-flight").await;
-    let admin = cp.client(Identity::Admin).await;
-    let configmaps = Api::<ConfigMap>::namespaced(admin, &ns.name);
-    configmaps
-        .create(&PostParams::default(), &configmap("seen", &[]))
-        .await
-        .expect("create");
-    let upstream = cp.url().trim_start_matches("https://").to_owned();
-
-    let cap = 4;
-    let (url, accepted) = counting_relay(upstream.clone()).await;
-    let limited =
-        agentrun::controller::request_limit::client(admin_config_via(cp, &url).await, cap)
-            .expect("client");
-    many_requests_at_once(limited.clone(), &ns.name).await;
-    let opened = accepted.load(Ordering::SeqCst);
-    // `cap` for the lists, and maybe a few more: hyper's pool opens a connection when a request
-    // finds none idle, and a connection goes back to the pool a moment after its response body
-    // is dropped (and the permit with it).
-    assert!(
-        opened <= 2 * usize::from(cap),
-        "{opened} connections with at most {cap} requests in flight"
-    );
-
-    // With every permit held by an unread answer, a list waits, and a watch does not.
-    let mut held = Vec::new();
-    for _ in 0..cap {
-        held.push(limited.send(list_request(&ns.name)).await.expect("a list"));
-    }
-    let api = Api::<ConfigMap>::namespaced(limited.clone(), &ns.name);
-    let all = ListParams::default();
-    let waiting = tokio::time::timeout(Duration::from_secs(1), api.list(&all)).await;
-    assert!(waiting.is_err(), "a list went past the cap");
-    let watch = tokio::time::timeout(
-        Duration::from_secs(30),
-        api.watch(&kube::api::WatchParams::default(), "0"),
-    )
-    .await
-    .expect("a watch starts past the cap")
-    .expect("a watch");
-    configmaps
-        .create(&PostParams::default(), &configmap("new", &[]))
-        .await
-        .expect("create");
-    let mut watch = std::pin::pin!(watch);
-    let seen_new = async {
-        while let Some(event) = watch.try_next().await.expect("watch") {
-            if let kube::api::WatchEvent::Added(cm) = event
-                && cm.metadata.name.as_deref() == Some("new")
-            {
-                return;
-            }
-        }
-        panic!("the watch ended");
-    };
-    tokio::time::timeout(Duration::from_secs(30), seen_new)
-        .await
-        .expect("the watch saw the new ConfigMap");
-    drop(held);
-    tokio::time::timeout(Duration::from_secs(30), api.list(&all))
-        .await
-        .expect("a list once the answers are dropped")
-        .expect("a list");
-
-    // kube's default client opens a connection per request in flight: the relay counts what it
-    // should.
-    let (url, accepted) = counting_relay(upstream).await;
-    let unlimited = kube::Client::try_from(admin_config_via(cp, &url).await).expect("client");
-    many_requests_at_once(unlimited, &ns.name).await;
-    let opened = accepted.load(Ordering::SeqCst);
-    assert!(
-        opened > 2 * usize::from(cap),
-        "kube's default client opened {opened} connections"
-    );
 }

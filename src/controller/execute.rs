@@ -273,9 +273,9 @@ impl Executor {
         Ok(())
     }
 
-    /// Publishes an Event about the run beside the reconcile, best effort: a failure is logged,
-    /// never retried, and the reconcile does not wait for it (an Event is not worth one of the
-    /// reconcile slots that decisions wait for). A few are published at once.
+    /// Queues an Event about the run, published beside the reconcile, best effort: a failure is
+    /// logged, never retried, and the reconcile does not wait for it (an Event is not worth one of
+    /// the reconcile slots that decisions wait for); dropped if too many wait already.
     fn publish(&self, announcement: Announcement) {
         let reason: &'static str = announcement.reason.into();
         let event = Event {
@@ -285,18 +285,7 @@ impl Executor {
             action: reason.into(),
             secondary: announcement.related,
         };
-        let recorder = self.ctx.recorder_for(&event.type_);
-        let regarding = self.regarding.clone();
-        let permits = self.ctx.event_publishes.clone();
-        tokio::spawn(
-            async move {
-                let _permit = permits.acquire_owned().await;
-                if let Err(error) = recorder.publish(&event, &regarding).await {
-                    warn!(%error, reason, "could not publish an Event");
-                }
-            }
-            .in_current_span(),
-        );
+        self.ctx.events.enqueue(event, self.regarding.clone());
     }
 }
 

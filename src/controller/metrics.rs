@@ -56,6 +56,10 @@ pub struct Metrics {
     pub refusals: Family<ReasonLabels, Counter>,
     /// Notifications: deliveries, failures, drops and what waits, per sink.
     pub notifications: crate::notify::metrics::NotifyMetrics,
+    /// Events waiting to be published ([`super::event_queue`]).
+    pub events_queued: Gauge,
+    /// Events dropped because the queue was full.
+    pub events_dropped: Counter,
 }
 
 /// Labels of the refusals counter.
@@ -113,7 +117,21 @@ impl Default for Metrics {
             refusals.clone(),
         );
         let notifications = crate::notify::metrics::NotifyMetrics::register(&mut registry);
+        let events_queued = Gauge::default();
+        registry.register(
+            "events_queued",
+            "Events waiting to be published",
+            events_queued.clone(),
+        );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Events dropped unpublished because the queue was full",
+            events_dropped.clone(),
+        );
         Metrics {
+            events_queued,
+            events_dropped,
             registry,
             notifications,
             refusals,
@@ -175,6 +193,11 @@ impl Metrics {
             })
             .count();
         self.pending_approvals.set(pending as i64);
+        self.encode()
+    }
+
+    /// The registry in the text exposition format, as it is (no gauge set from the caches).
+    pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

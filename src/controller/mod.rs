@@ -20,6 +20,7 @@ pub mod assertions;
 pub mod cached_pod;
 pub mod children;
 pub mod decide;
+pub mod event_queue;
 pub mod execute;
 pub mod memory;
 pub mod metrics;
@@ -41,7 +42,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
@@ -186,10 +186,8 @@ const ALL_CACHES: u8 = 0b111_1111;
 pub struct Context {
     /// The Kubernetes client.
     pub client: Client,
-    /// Publishes Warnings (see [`Context::recorder_for`]).
-    pub recorder: Recorder,
-    /// Who publishes the Events.
-    pub reporter: Reporter,
+    /// Where the reconciles' Events wait to be published.
+    pub events: event_queue::EventQueue,
     /// Settings.
     pub config: ControllerConfig,
     /// Metrics.
@@ -207,23 +205,9 @@ pub struct Context {
     memory: memory::Memory,
     states: Arc<state_cache::StateCache>,
     state_reads: Arc<tokio::sync::Semaphore>,
-    event_publishes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Context {
-    /// The recorder that publishes an Event of this type. kube's [`Recorder`] keeps each Event it
-    /// published for six minutes, so that a repeat within that time counts in the first Event's
-    /// series instead of adding an Event. Warnings can repeat and share one recorder. A run's
-    /// Normal Events announce its transitions (a step started, a call awaits approval, the run
-    /// finished), which do not repeat: each goes through a recorder of its own that keeps nothing
-    /// (kept, they took about 2 KiB each: tens of MiB while 10,000 runs halt).
-    pub fn recorder_for(&self, type_: &EventType) -> Recorder {
-        match type_ {
-            EventType::Warning => self.recorder.clone(),
-            EventType::Normal => Recorder::new(self.client.clone(), self.reporter.clone()),
-        }
-    }
-
     /// Whether every cache has listed everything (deciding on a partial view could, e.g., call
     /// an existing Agent missing).
     pub fn synced(&self) -> bool {

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -20,6 +20,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 use super::cached_pod::CachedPod;
+use super::event_queue::{self, EVENTS_AT_ONCE, EVENTS_QUEUED, EventQueue};
 use super::shared_snapshots::SharedSnapshots;
 use super::{
     ALL_CACHES, Context, ControllerConfig, DEFAULT_CONCURRENCY, StartError, agent_status, memory,
@@ -35,10 +36,6 @@ const RUN_LIST_PAGE_SIZE: u32 = 100;
 /// How many reconciles read a RunState from the API server at once (each may hold a large state
 /// while it decides and writes).
 const STATE_READS_AT_ONCE: usize = 8;
-
-/// How many Events are published at once beside the reconciles (the others wait their turn, so
-/// that a burst of completions does not open a connection per Event).
-const EVENTS_AT_ONCE: usize = 16;
 
 /// Agent events buffered for each of the Agents' two consumers.
 const AGENT_EVENT_BUFFER: usize = 256;
@@ -288,6 +285,13 @@ async fn run_controllers(
         controller: field_managers::CONTROLLER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let (events, queued_events) = EventQueue::new(EVENTS_QUEUED, probe.metrics.clone());
+    let _event_publishers = AbortOnDropHandle::new(tokio::spawn(event_queue::publish_all(
+        queued_events,
+        EVENTS_AT_ONCE,
+        probe.metrics.clone(),
+        event_queue::publisher(client.clone(), reporter),
+    )));
     let concurrency = config.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     let policies = Arc::new(AtomicBool::new(false));
     let _policy_watch = AbortOnDropHandle::new(tokio::spawn(watch_policies(
@@ -300,8 +304,7 @@ async fn run_controllers(
         .mcp_rediscovery
         .unwrap_or(agent_status::DEFAULT_REDISCOVERY);
     let context = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter.clone()),
-        reporter,
+        events,
         client: client.clone(),
         config,
         metrics: probe.metrics.clone(),
@@ -317,7 +320,6 @@ async fn run_controllers(
         memory: memory::Memory::default(),
         states,
         state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
-        event_publishes: Arc::new(tokio::sync::Semaphore::new(EVENTS_AT_ONCE)),
     });
     let _notifications = notifier.map(|n| AbortOnDropHandle::new(tokio::spawn(n.run())));
     info!("agentrun controller started");

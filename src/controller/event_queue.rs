@@ -57,11 +57,14 @@ impl EventQueue {
             regarding,
             span: Span::current(),
         };
-        match self.sender.try_send(queued) {
-            Ok(()) => {
-                self.metrics.events_queued.inc();
-                true
-            }
+        // Counted before it is sent, so that a publisher taking it at once never counts below 0.
+        self.metrics.events_queued.inc();
+        let sent = self.sender.try_send(queued);
+        if sent.is_err() {
+            self.metrics.events_queued.dec();
+        }
+        match sent {
+            Ok(()) => true,
             Err(TrySendError::Full(dropped)) => {
                 let count = self.metrics.events_dropped.inc() + 1;
                 if count == 1 || count.is_multiple_of(1000) {

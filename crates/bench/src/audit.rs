@@ -71,6 +71,8 @@ struct AuditEvent {
     #[serde(rename = "auditID")]
     audit_id: String,
     verb: String,
+    #[serde(rename = "requestURI", default)]
+    request_uri: String,
     user: AuditUser,
     #[serde(rename = "objectRef", default)]
     object_ref: Option<AuditObject>,
@@ -94,6 +96,10 @@ struct AuditRequestStatus {
 /// The suffix of the request kind of a run status write that finishes the run (its phase becomes
 /// Succeeded or Failed): the run's completion, not part of its approval cycle.
 pub const COMPLETION: &str = " (completion)";
+
+/// The suffix of the request kind of a watch that lists every object again before watching (a
+/// streaming list: a cache filled afresh, or refilled after its watch fell too far behind).
+pub const RELIST: &str = " (relist)";
 
 /// Whether an Event reason marks a run's completion.
 pub fn is_completion_reason(reason: &str) -> bool {
@@ -154,6 +160,9 @@ pub fn count_audit_requests<R: BufRead>(
             .is_some_and(is_completion_reason);
         if resource == "agentruns/status" && is_write(&event.verb) && finishes {
             resource.push_str(COMPLETION);
+        }
+        if event.verb == "watch" && event.request_uri.contains("sendInitialEvents=true") {
+            resource.push_str(RELIST);
         }
         counts.add(&event.verb, &resource, 1);
     }
@@ -337,6 +346,32 @@ mod tests {
         assert_eq!(counts.unreadable_lines, 1);
         assert!(!counts.by_kind.keys().any(|k| k.contains("admin")));
         assert!(is_write("deletecollection") && !is_write("list"));
+    }
+
+    #[test]
+    fn audit_tells_a_relist_from_a_resumed_watch() {
+        let me = "system:serviceaccount:bench-1:agentrun-controller";
+        let watch = |id: &str, query: &str| {
+            json!({"auditID": id, "stage": "ResponseStarted", "verb": "watch",
+                   "requestURI": format!("/apis/agentrun.dev/v1alpha1/approvalrequests?{query}"),
+                   "user": {"username": me}, "objectRef": {"resource": "approvalrequests"}})
+            .to_string()
+        };
+        let log = [
+            watch(
+                "a",
+                "allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&watch=true",
+            ),
+            watch("b", "allowWatchBookmarks=true&resourceVersion=812&watch=true"),
+            watch(
+                "c",
+                "allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&watch=true",
+            ),
+        ]
+        .join("\n");
+        let counts = count_audit_requests(log.as_bytes(), me).unwrap();
+        assert_eq!(counts.by_kind["watch approvalrequests"], 1);
+        assert_eq!(counts.by_kind["watch approvalrequests (relist)"], 2);
     }
 
     #[test]

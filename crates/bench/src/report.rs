@@ -157,6 +157,8 @@ pub struct SingleReport {
     pub resumed_to_pod: Option<Percentiles>,
     /// The same single approvals acted on by the ideal controller, if replayed.
     pub ideal: Option<Box<SingleReport>>,
+    /// What the control plane spent while the approvals and their baseline samples were made.
+    pub cpu: Option<CpuUse>,
 }
 
 impl SingleReport {
@@ -202,6 +204,14 @@ impl SingleReport {
             String::new(),
             String::new(),
         ]);
+        if let Some(cpu) = &self.cpu {
+            table.row(vec![
+                "control plane CPU seconds over the approvals and samples".into(),
+                cpu.summary(),
+                String::new(),
+                String::new(),
+            ]);
+        }
         if let Some(ideal) = self.ideal.as_deref() {
             for (name, value) in [
                 (

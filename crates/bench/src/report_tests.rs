@@ -209,6 +209,11 @@ fn single_approvals_have_their_own_table() {
         finished: 50,
         latency: Percentiles::of(&[100.0, 400.0]),
         baseline: Percentiles::of(&[50.0, 100.0]),
+        cpu: Some(CpuUse {
+            processes: vec![("kube-apiserver".into(), 4.2), ("etcd".into(), 0.6)],
+            seconds: 41.0,
+            machine_busy: 0.31,
+        }),
         ..Default::default()
     };
     let report = BenchReport {
@@ -223,6 +228,13 @@ fn single_approvals_have_their_own_table() {
     assert_eq!(
         rows_of(&text, "approval -> worker Pod p50 / p99")[1],
         "100 ms / 400 ms"
+    );
+    assert_eq!(
+        rows_of(
+            &text,
+            "control plane CPU seconds over the approvals and samples"
+        )[1],
+        "kube-apiserver 4.2, etcd 0.6; 41.0 s, machine 31% busy"
     );
     assert_eq!(single.p99_ratio(), Some(4.0));
 }

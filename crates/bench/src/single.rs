@@ -1,6 +1,7 @@
 //! Single approvals on an idle system: N runs halt, then alice approves them one at a time, each
 //! after the previous run finished; approval -> next worker Pod, against one patch + one create
-//! timed the same way, also one at a time.
+//! timed the same way, also one at a time. Each baseline sample follows an approval, so the two
+//! meet the same machine (one taken after all the approvals would meet a quieter one).
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use crate::baseline::baseline_sample;
 use crate::bed::Bed;
 use crate::cluster::{BenchNamespace, Cluster, client_from};
+use crate::cpu::{CpuClock, control_plane_probes};
 use crate::cycle::Driver;
 use crate::error::kube_error;
 use crate::ideal::{check_ideal, start_ideal};
@@ -21,7 +23,7 @@ use crate::run::{Progress, wait_for};
 use crate::stats::Percentiles;
 use crate::{APPROVER, BenchConfig, BenchError, TOOL_CALL_ID};
 
-/// How long the system is left alone before each approval or baseline sample.
+/// How long the system is left alone before each approval and each baseline sample.
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// `n` single approvals and `n` single baseline samples in `ns`.
@@ -49,13 +51,15 @@ pub(crate) async fn single(
         }
     };
     say(format!(
-        "{} runs halted; approving them one at a time as {APPROVER}",
+        "{} runs halted; approving them one at a time as {APPROVER}, each followed by a baseline sample",
         halted.runs.len()
     ));
     let requests: Api<ApprovalRequest> = Api::namespaced(cluster.alice.clone(), &ns.name);
+    let baseline = client_from(&ns.baseline_kubeconfig).await?;
     let decision = approval_patch();
-    let (mut starts, mut approved_at) = (Vec::new(), Vec::new());
-    for run in &halted.runs {
+    let cpu = CpuClock::start(control_plane_probes(&config.cluster_dir));
+    let (mut starts, mut approved_at, mut samples) = (Vec::new(), Vec::new(), Vec::new());
+    for (seq, run) in halted.runs.iter().enumerate() {
         tokio::time::sleep(SETTLE).await;
         let name = approval_request_name(run, TOOL_CALL_ID);
         requests
@@ -73,21 +77,10 @@ pub(crate) async fn single(
             Ok((done == 0).then(|| format!("{run} running")))
         })
         .await?;
-    }
-    let (latency_ms, _) = latencies(&bed.seen, &starts, Duration::from_secs(1)).await;
-    let (to_resumed, resumed_to_pod) = phases(&bed.seen, &approved_at);
-    let (finished, _) = bed.finished(&halted.runs);
-    say(format!(
-        "{finished}/{} runs finished; baseline, one sample at a time",
-        halted.runs.len()
-    ));
 
-    let client = client_from(&ns.baseline_kubeconfig).await?;
-    let mut samples = Vec::new();
-    for seq in 0..halted.runs.len() {
         tokio::time::sleep(SETTLE).await;
         let pod = format!("baseline-single-{seq:05}");
-        let at = baseline_sample(&client, &ns.name, seq, &pod)
+        let at = baseline_sample(&baseline, &ns.name, seq, &pod)
             .await
             .map_err(kube_error("a baseline sample"))?;
         let seen = bed.seen.clone();
@@ -97,7 +90,11 @@ pub(crate) async fn single(
         .await?;
         samples.push((pod, at));
     }
+    let cpu = cpu.finish();
+    let (latency_ms, _) = latencies(&bed.seen, &starts, Duration::from_secs(1)).await;
     let (baseline_ms, _) = latencies(&bed.seen, &samples, Duration::from_secs(1)).await;
+    let (to_resumed, resumed_to_pod) = phases(&bed.seen, &approved_at);
+    let (finished, _) = bed.finished(&halted.runs);
     drop(ideal);
     bed.stop_controller().await;
     bed.kubelet.stop().await;
@@ -109,6 +106,7 @@ pub(crate) async fn single(
         to_resumed: Percentiles::of(&to_resumed),
         resumed_to_pod: Percentiles::of(&resumed_to_pod),
         ideal: None,
+        cpu: Some(cpu),
     };
     say(format!(
         "done: p99 {} (one patch + create {})",

@@ -18,7 +18,7 @@ use crate::cluster::{BenchNamespace, Cluster};
 use crate::error::kube_error;
 use crate::objects::{create_agent, run_name, run_object};
 use crate::observe::{Observations, watch_pods, watch_runs};
-use crate::process::{ChildProcess, Controller};
+use crate::process::{ChildProcess, Controller, CpuPriority};
 use crate::run::wait_for;
 use crate::{BASELINE_CONFIGMAPS, BenchConfig, BenchError};
 
@@ -43,13 +43,15 @@ pub(crate) struct Halted {
 }
 
 impl Bed {
-    /// Creates the Agent and the baseline's ConfigMaps, starts the watches, the dev kubelet and
-    /// our controller, and waits until the controller is ready.
+    /// Creates the Agent and the baseline's ConfigMaps, starts the watches, the dev kubelet (and
+    /// so its workers) at `kubelet_priority` and our controller, and waits until the controller is
+    /// ready.
     pub(crate) async fn start(
         config: &BenchConfig,
         cluster: &Cluster,
         tools: &ToolServer,
         ns: &BenchNamespace,
+        kubelet_priority: CpuPriority,
     ) -> Result<Bed, BenchError> {
         create_agent(cluster, &ns.name, tools).await?;
         let maps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), &ns.name);
@@ -91,6 +93,7 @@ impl Bed {
                 ("RUST_LOG", rust_log.as_os_str()),
             ],
             ns.dir.join("dev-kubelet.log"),
+            kubelet_priority,
         )?;
         let (mut controller, _) = Controller::start(config, ns, "controller.log").await?;
         controller.wait_ready(config.timeout).await?;

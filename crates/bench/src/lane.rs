@@ -17,7 +17,7 @@ use crate::cycle::Driver;
 use crate::ideal::{IdealController, check_ideal, start_ideal};
 use crate::objects::tool_path;
 use crate::observe::{latencies, lock, phases};
-use crate::process::{Controller, Memory};
+use crate::process::{Controller, CpuPriority, Memory};
 use crate::report::{CycleReport, IdealMeasured, ReadyAgain, mib, ms, opt};
 use crate::run::Progress;
 use crate::stats::Percentiles;
@@ -77,7 +77,7 @@ impl Lane {
             ns: ns.clone(),
             n,
             driver,
-            bed: Bed::start(config, cluster, tools, ns).await?,
+            bed: Bed::start(config, cluster, tools, ns, CpuPriority::Normal).await?,
             ideal: None,
             halted: vec![],
             halt_seconds: 0.0,

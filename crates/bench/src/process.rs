@@ -64,6 +64,15 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// The CPU priority a child process starts with (its children inherit it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CpuPriority {
+    /// The benchmark's own.
+    Normal,
+    /// The lowest (`nice -n 19`): it gets only the CPU that every other process leaves.
+    Lowest,
+}
+
 /// A child process (controller or dev kubelet) with its output in a log file; killed on drop.
 pub(crate) struct ChildProcess {
     what: String,
@@ -78,13 +87,22 @@ impl ChildProcess {
         args: &[&str],
         env: &[(&str, &std::ffi::OsStr)],
         log: PathBuf,
+        priority: CpuPriority,
     ) -> Result<ChildProcess, BenchError> {
         let file =
             std::fs::File::create(&log).map_err(io_error(format!("creating {}", log.display())))?;
         let err = file
             .try_clone()
             .map_err(io_error(format!("opening {}", log.display())))?;
-        let mut command = tokio::process::Command::new(binary);
+        // `nice` executes the binary in its own place, so the child's pid is the binary's.
+        let mut command = match priority {
+            CpuPriority::Normal => tokio::process::Command::new(binary),
+            CpuPriority::Lowest => {
+                let mut nice = tokio::process::Command::new("nice");
+                nice.args(["-n", "19"]).arg(binary);
+                nice
+            }
+        };
         command
             .args(args)
             .stdin(Stdio::null())
@@ -186,6 +204,7 @@ impl Controller {
                 ("MIMALLOC_PURGE_DELAY", purge_delay.as_os_str()),
             ],
             ns.dir.join(log_name),
+            CpuPriority::Normal,
         )?;
         let started = Instant::now();
         let http = reqwest::Client::builder()
@@ -265,6 +284,53 @@ pub(crate) fn parse_cache_sync_times(log: &str) -> Vec<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The nice value of process `pid` (field 19 of `/proc/<pid>/stat`, after the name).
+    fn nice_of(pid: u32) -> i64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_child_at_the_lowest_priority_runs_niced_under_its_own_pid() {
+        let dir = std::env::temp_dir().join(format!("agentrun-bench-nice-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spawn = |priority, log: &str| {
+            ChildProcess::spawn(
+                "sleeper",
+                Path::new("sleep"),
+                &["30"],
+                &[],
+                dir.join(log),
+                priority,
+            )
+            .unwrap()
+        };
+        let (mut normal, mut lowest) = (
+            spawn(CpuPriority::Normal, "normal.log"),
+            spawn(CpuPriority::Lowest, "lowest.log"),
+        );
+        let ours = nice_of(std::process::id());
+        let pid = lowest.pid().unwrap();
+        // Until `nice` has executed `sleep`, the pid still names `nice`.
+        for _ in 0..200 {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap() == "sleep\n" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap(),
+            "sleep\n"
+        );
+        assert_eq!(nice_of(pid), 19);
+        assert_eq!(nice_of(normal.pid().unwrap()), ours);
+        normal.check_alive().unwrap();
+        lowest.check_alive().unwrap();
+        drop((normal, lowest));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn proc_status_and_metrics() {

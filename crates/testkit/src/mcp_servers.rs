@@ -298,6 +298,7 @@ impl Drop for PythonMcpServer {
 pub struct EverythingServer {
     port: u16,
     child: Child,
+    log: PathBuf,
 }
 
 impl EverythingServer {
@@ -316,7 +317,7 @@ impl EverythingServer {
             .spawn()
             .expect("start server-everything with node");
         wait_for_port(port, &mut child, &log);
-        EverythingServer { port, child }
+        EverythingServer { port, child, log }
     }
 
     /// Its Streamable HTTP URL.
@@ -328,5 +329,6 @@ impl EverythingServer {
 impl Drop for EverythingServer {
     fn drop(&mut self) {
         stop(&mut self.child);
+        let _ = std::fs::remove_file(&self.log);
     }
 }

@@ -70,6 +70,8 @@ impl RequestCounts {
 struct AuditEvent {
     #[serde(rename = "auditID")]
     audit_id: String,
+    #[serde(default)]
+    stage: String,
     verb: String,
     #[serde(rename = "requestURI", default)]
     request_uri: String,
@@ -121,7 +123,8 @@ struct AuditObject {
 }
 
 /// Counts the requests of `username` in an API server audit log (JSON lines). A request logged at
-/// several stages (a watch: started, then complete) counts once, by its `auditID`.
+/// several stages (a watch: started, then complete) counts once, by its `auditID`; a watch counts
+/// where it started.
 pub fn count_audit_requests<R: BufRead>(
     mut reader: R,
     username: &str,
@@ -142,7 +145,10 @@ pub fn count_audit_requests<R: BufRead>(
             counts.unreadable_lines += 1;
             continue;
         };
-        if event.user.username != username || !seen.insert(event.audit_id) {
+        if event.user.username != username
+            || is_watch_that_started_earlier(&event)
+            || !seen.insert(event.audit_id)
+        {
             continue;
         }
         let mut resource = match &event.object_ref {
@@ -167,6 +173,13 @@ pub fn count_audit_requests<R: BufRead>(
         counts.add(&event.verb, &resource, 1);
     }
     Ok(counts)
+}
+
+/// Whether `event` is the completion of a watch, which the log also has when the watch started
+/// (`ResponseStarted`). A log read from an offset may hold only the completion of a watch started
+/// before it: that watch belongs to the earlier part of the log, so a watch counts where it starts.
+fn is_watch_that_started_earlier(event: &AuditEvent) -> bool {
+    event.verb == "watch" && event.stage == "ResponseComplete"
 }
 
 /// The API writes behind each Event a controller published: 1 for the create, plus one patch
@@ -331,6 +344,8 @@ mod tests {
                 None,
                 "ResponseComplete",
             ),
+            // A watch started before this part of the log: only its completion is here.
+            line("j", me, "watch", "agentruns", None, "ResponseComplete"),
             line("h", me, "create", "pods", None, "ResponseComplete"),
             // A repeated create, answered 409, is a request too.
             line("i", me, "create", "pods", None, "ResponseComplete"),
@@ -343,6 +358,7 @@ mod tests {
         assert_eq!(counts.by_kind[POD_CREATES], 2);
         assert_eq!(counts.by_kind["patch agentruns/status"], 1);
         assert_eq!(counts.by_kind["watch approvalrequests"], 1);
+        assert!(!counts.by_kind.contains_key("watch agentruns"));
         assert_eq!(counts.unreadable_lines, 1);
         assert!(!counts.by_kind.keys().any(|k| k.contains("admin")));
         assert!(is_write("deletecollection") && !is_write("list"));

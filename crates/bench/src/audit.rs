@@ -146,7 +146,7 @@ pub fn count_audit_requests<R: BufRead>(
             continue;
         };
         if event.user.username != username
-            || is_watch_that_started_earlier(&event)
+            || is_watch_completion(&event)
             || !seen.insert(event.audit_id)
         {
             continue;
@@ -175,10 +175,10 @@ pub fn count_audit_requests<R: BufRead>(
     Ok(counts)
 }
 
-/// Whether `event` is the completion of a watch, which the log also has when the watch started
-/// (`ResponseStarted`). A log read from an offset may hold only the completion of a watch started
-/// before it: that watch belongs to the earlier part of the log, so a watch counts where it starts.
-fn is_watch_that_started_earlier(event: &AuditEvent) -> bool {
+/// Whether `event` is the completion of a watch. A watch is counted at its start
+/// (`ResponseStarted`), never at its completion: a log read from an offset may hold only the
+/// completion of a watch started before it, and that watch belongs to the earlier part.
+fn is_watch_completion(event: &AuditEvent) -> bool {
     event.verb == "watch" && event.stage == "ResponseComplete"
 }
 

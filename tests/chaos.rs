@@ -37,6 +37,8 @@ async fn controller(cp: &ControlPlane, ns: &str) -> tokio::task::JoinHandle<()> 
             recheck: Duration::from_secs(2),
             ..Default::default()
         },
+        // Kept: the test checks that no run made a Pod twice.
+        worker: agentrun_testkit::operator::keep_worker_pods(),
         ..Default::default()
     };
     tokio::spawn(async move {

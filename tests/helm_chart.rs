@@ -695,6 +695,8 @@ async fn the_deployment_runs_the_controller_as_specified() {
             "256",
             "--state-cache-mib",
             "32",
+            "--delete-worker-pods",
+            "succeeded",
             // `helm template` renders for a recent Kubernetes, where streaming lists are on.
             "--streaming-lists",
             "--gitops-group",
@@ -1410,6 +1412,7 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         vec!["create", "approvalrequests.agentrun.dev", "-n", t],
         vec!["get", "agents.agentrun.dev", "-n", t],
         vec!["create", "pods", "-n", t],
+        vec!["deletecollection", "pods", "-n", t],
         vec!["patch", "roles.rbac.authorization.k8s.io", "-n", t],
         vec!["patch", "rolebindings.rbac.authorization.k8s.io", "-n", t],
         vec!["patch", "serviceaccounts", "-n", t],

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use kube::Client;
 
-use crate::controller::{ControllerConfig, SigningConfig, WorkerSettings};
+use crate::controller::{ControllerConfig, SigningConfig, WorkerPodDeletion, WorkerSettings};
 use crate::telemetry::Telemetry;
 
 /// Log output format.
@@ -111,6 +111,11 @@ pub struct ControllerArgs {
     /// from Kubernetes 1.34).
     #[arg(long, env = "AGENTRUN_STREAMING_LISTS")]
     pub streaming_lists: bool,
+    /// Which finished runs' worker Pods are deleted when they finish: `succeeded` (a failed run
+    /// keeps its Pods and their logs), `finished` or `never` (every Pod stays until its run is
+    /// deleted).
+    #[arg(long, env = "AGENTRUN_DELETE_WORKER_PODS", value_enum, default_value_t = WorkerPodDeletion::default())]
+    pub delete_worker_pods: WorkerPodDeletion,
     /// Let a run's creator decide its own ApprovalRequests (separation of duties off). An admin
     /// setting: no Agent or run can switch it.
     #[arg(long, env = "AGENTRUN_ALLOW_SELF_APPROVAL")]
@@ -232,6 +237,7 @@ pub fn controller(args: ControllerArgs) -> ExitCode {
             worker.image = image;
         }
         worker.env.extend(worker_telemetry_env());
+        worker.pod_deletion = args.delete_worker_pods;
         let config = ControllerConfig {
             namespace: args.namespace,
             worker,

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::crd::keys::labels;
 use crate::crd::names::{run_label_value, worker_account_name, worker_pod_name};
-use crate::crd::{AgentRun, AgentSpec};
+use crate::crd::{AgentRun, AgentRunPhase, AgentSpec};
 
 /// What the worker Pods are built from.
 #[derive(Clone, Debug)]
@@ -24,6 +24,46 @@ pub struct WorkerSettings {
     pub image_pull_policy: Option<String>,
     /// Extra environment for the worker (e.g. `RUST_LOG`).
     pub env: Vec<(String, String)>,
+    /// Which finished runs' worker Pods are deleted.
+    pub pod_deletion: WorkerPodDeletion,
+}
+
+/// Which finished runs have their worker Pods deleted when they finish. A run's Pods are deleted
+/// with the run in any case (they are owned by it); until then each one is an object that every
+/// list and watch of Pods carries (the controller's, the kubelets').
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, strum::Display)]
+#[strum(serialize_all = "kebab-case")]
+pub enum WorkerPodDeletion {
+    /// Keep every worker Pod (and its log) until the run is deleted.
+    Never,
+    /// Delete the worker Pods of a run that succeeded; a failed run keeps them, logs and all.
+    #[default]
+    Succeeded,
+    /// Delete the worker Pods of every finished run, succeeded or failed.
+    Finished,
+}
+
+impl WorkerPodDeletion {
+    /// Whether a run that finished in `phase` has its worker Pods deleted.
+    pub fn deletes(self, phase: AgentRunPhase) -> bool {
+        match self {
+            WorkerPodDeletion::Never => false,
+            WorkerPodDeletion::Succeeded => phase == AgentRunPhase::Succeeded,
+            WorkerPodDeletion::Finished => phase.is_terminal(),
+        }
+    }
+}
+
+/// The label selector of a run's worker Pods (and of nothing a user labelled alike: the Pods
+/// agentrun manages).
+pub fn worker_pods_selector(run_name: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        labels::MANAGED_BY.0,
+        labels::MANAGED_BY.1,
+        labels::RUN,
+        run_label_value(run_name)
+    )
 }
 
 impl Default for WorkerSettings {
@@ -35,6 +75,7 @@ impl Default for WorkerSettings {
             ),
             image_pull_policy: None,
             env: vec![],
+            pod_deletion: WorkerPodDeletion::default(),
         }
     }
 }

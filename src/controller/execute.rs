@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::Event;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -150,6 +150,19 @@ impl Executor {
                         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
                         .map(|c| c.message.as_str());
                     crate::telemetry::spans::run_finished(&self.run, phase, message);
+                }
+            }
+            Step::DeleteWorkerPods => {
+                let selector = super::children::worker_pods_selector(&self.run.name_any());
+                let deleted = self
+                    .api::<Pod>()
+                    .delete_collection(
+                        &DeleteParams::default(),
+                        &ListParams::default().labels(&selector),
+                    )
+                    .await;
+                if let Err(error) = deleted {
+                    warn!(run = %self.run.name_any(), %error, "could not delete the finished run's worker Pods; they go with the run");
                 }
             }
             Step::PruneChunks { keep_digest } => {

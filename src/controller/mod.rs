@@ -48,7 +48,7 @@ use kube::{Client, ResourceExt};
 use crate::approval_policy::CompiledPolicy;
 use crate::crd::stored_state::StoredStateError;
 use crate::crd::{Agent, ApprovalPolicy, ApprovalRequest};
-pub use children::WorkerSettings;
+pub use children::{WorkerPodDeletion, WorkerSettings};
 pub use decide::Policy;
 pub use plan::{EXPIRED_MESSAGE, SUPERSEDED_MESSAGE};
 pub use reconcile::{error_policy, reconcile};

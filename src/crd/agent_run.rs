@@ -152,7 +152,8 @@ pub struct AgentRunStatus {
     /// How many ApprovalRequests of the current halt are waiting for a decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_approvals: Option<u32>,
-    /// The name of the worker Pod of the current step.
+    /// The name of the worker Pod of the current step (once the run succeeded, the last one, which
+    /// the controller then deletes unless `--delete-worker-pods` keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub worker_pod: Option<String>,

@@ -27,6 +27,8 @@ async fn start(
             retry_backoff: Duration::from_millis(200),
             ..Policy::default()
         },
+        // Kept: the test checks that the new leader made no Pod twice.
+        worker: agentrun_testkit::operator::keep_worker_pods(),
         metrics_addr: Some(([127, 0, 0, 1], port).into()),
         leader_election: Some(LeaderElection {
             namespace: ns.to_owned(),

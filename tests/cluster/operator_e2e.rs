@@ -320,6 +320,66 @@ async fn a_run_needing_no_approval_finishes_in_one_step() {
     assert_eq!(pods_of(cp, &ns.name).await, vec!["r1-step-0"]);
 }
 
+/// Run `name` of an Agent (named after it) whose model refuses every attempt (the test policy
+/// allows three), once it failed.
+async fn run_failing_every_attempt(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    tools: &ToolServer,
+) -> AgentRun {
+    let model = ModelServer::start().await;
+    for _ in 0..3 {
+        model.push(Reply::status(401, "invalid api key"));
+    }
+    cp.apply(
+        Identity::Admin,
+        &agent_yaml(ns, name, openai_model(&model), tools),
+    );
+    cp.apply(Identity::Admin, &run_yaml(ns, name, name, "Say hello"));
+    wait_for_phase(cp, ns, name, AgentRunPhase::Failed).await
+}
+
+/// The default deletion of worker Pods: a run that succeeded loses its Pods once its status says
+/// so; one that failed keeps them (and their logs) for whoever looks into the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_succeeded_run_deletes_its_worker_pods_and_a_failed_one_keeps_them() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("e2e-pod-deletion").await;
+    let config = controller::ControllerConfig {
+        worker: controller::WorkerSettings::default(),
+        ..agentrun_testkit::operator::test_config(&ns.name)
+    };
+    let _operator = agentrun_testkit::operator::start_operator_with(cp, &ns, config).await;
+    let tools = ToolServer::start().await;
+    run_failing_every_attempt(cp, &ns.name, "bad", &tools).await;
+
+    let scripted = json!({"scripted": {"turns": [{"content": "Hello."}]}});
+    cp.apply(
+        Identity::Admin,
+        &agent_yaml(&ns.name, "ops", scripted, &tools),
+    );
+    cp.apply(
+        Identity::Admin,
+        &run_yaml(&ns.name, "ok", "ops", "Say hello"),
+    );
+    wait_for_phase(cp, &ns.name, "ok", AgentRunPhase::Succeeded).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let left = loop {
+        let pods = pods_of(cp, &ns.name).await;
+        if !pods.iter().any(|p| p.starts_with("ok-")) || tokio::time::Instant::now() > deadline {
+            break pods;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The failed run finished first: had its Pods been deleted, they would be gone by now.
+    assert_eq!(
+        left,
+        vec!["bad-step-0", "bad-step-0-r1", "bad-step-0-r2"],
+        "the succeeded run's Pods deleted, the failed run's kept"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_fails_once_is_retried() {
     let cp = ControlPlane::shared().await;
@@ -352,20 +412,8 @@ async fn a_worker_that_keeps_failing_fails_the_run_with_its_error() {
     let cp = ControlPlane::shared().await;
     let ns = cp.namespace("e2e-fail").await;
     let _operator = start_operator(cp, &ns).await;
-    let model = ModelServer::start().await;
     let tools = ToolServer::start().await;
-    for _ in 0..3 {
-        model.push(Reply::status(401, "invalid api key"));
-    }
-    cp.apply(
-        Identity::Admin,
-        &agent_yaml(&ns.name, "ops", openai_model(&model), &tools),
-    );
-    cp.apply(
-        Identity::Admin,
-        &run_yaml(&ns.name, "r1", "ops", "Say hello"),
-    );
-    let failed = wait_for_phase(cp, &ns.name, "r1", AgentRunPhase::Failed).await;
+    let failed = run_failing_every_attempt(cp, &ns.name, "r1", &tools).await;
     let condition = failed
         .status
         .unwrap()

@@ -95,8 +95,9 @@ struct AuditRequestStatus {
     phase: Option<String>,
 }
 
-/// The suffix of the request kind of a run status write that finishes the run (its phase becomes
-/// Succeeded or Failed): the run's completion, not part of its approval cycle.
+/// The suffix of the request kind of a write that finishes a run: its status write whose phase
+/// becomes Succeeded or Failed, and the deletion of its worker Pods (which follows that write).
+/// The run's completion, not part of its approval cycle.
 pub const COMPLETION: &str = " (completion)";
 
 /// The suffix of the request kind of a watch that lists every object again before watching (a
@@ -164,7 +165,8 @@ pub fn count_audit_requests<R: BufRead>(
             .and_then(|o| o.status.as_ref())
             .and_then(|s| s.phase.as_deref())
             .is_some_and(is_completion_reason);
-        if resource == "agentruns/status" && is_write(&event.verb) && finishes {
+        let deletes_pods = resource == "pods" && event.verb == "deletecollection";
+        if (resource == "agentruns/status" && is_write(&event.verb) && finishes) || deletes_pods {
             resource.push_str(COMPLETION);
         }
         if event.verb == "watch" && event.request_uri.contains("sendInitialEvents=true") {
@@ -274,16 +276,25 @@ mod tests {
                    "requestObject": {"status": {"phase": phase, "step": 1}}})
             .to_string()
         };
+        let pods = |id: &str, verb: &str| {
+            json!({"auditID": id, "stage": "ResponseComplete", "verb": verb,
+                   "user": {"username": me}, "objectRef": {"resource": "pods"}})
+            .to_string()
+        };
         let log = [
             patch("a", "Running"),
             patch("b", "Succeeded"),
             patch("c", "Failed"),
+            pods("d", "create"),
+            pods("e", "deletecollection"),
         ]
         .join("\n");
         let counts = count_audit_requests(log.as_bytes(), me).unwrap();
-        assert_eq!(counts.writes(), 3);
-        assert_eq!(counts.completion_writes(), 2);
+        assert_eq!(counts.writes(), 5);
+        assert_eq!(counts.completion_writes(), 3);
         assert_eq!(counts.by_kind["patch agentruns/status"], 1);
+        assert_eq!(counts.by_kind["create pods"], 1);
+        assert_eq!(counts.by_kind["deletecollection pods (completion)"], 1);
         assert!(is_completion_reason("Succeeded") && !is_completion_reason("Approved"));
     }
 

@@ -117,7 +117,8 @@ impl CycleReport {
         self.per_cycle(self.requests.writes() + self.pod_creates + self.event_writes)
     }
 
-    /// The writes that finish a run (its final status and Event), per approved run.
+    /// The writes that finish a run (its final status and Event, the deletion of its worker Pods),
+    /// per approved run.
     pub fn completion_writes_per_run(&self) -> Option<f64> {
         self.per_cycle(self.requests.completion_writes() + self.completion_event_writes)
     }
@@ -529,7 +530,7 @@ impl BenchReport {
         );
         cycle_row(
             &mut table,
-            "controller API writes finishing a run (status + Event)",
+            "controller API writes finishing a run (status, Event, Pods)",
             &|c| opt(c.completion_writes_per_run(), ""),
             "",
             None,

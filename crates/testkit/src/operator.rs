@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentrun::controller::{self, ControllerConfig, decide::Policy};
+use agentrun::controller::{
+    self, ControllerConfig, WorkerPodDeletion, WorkerSettings, decide::Policy,
+};
 use agentrun_dev_kubelet::{ClusterAccess, DevKubeletConfig};
 use kube::config::Kubeconfig;
 use tokio_util::task::AbortOnDropHandle;
@@ -50,11 +52,22 @@ pub fn agentrun_binary() -> PathBuf {
     path
 }
 
-/// The controller settings of a test watching `ns`.
+/// Worker Pods that stay until their run is deleted, for the tests that check every Pod a run
+/// made (the default deletes a succeeded run's Pods once its status says so).
+pub fn keep_worker_pods() -> WorkerSettings {
+    WorkerSettings {
+        pod_deletion: WorkerPodDeletion::Never,
+        ..Default::default()
+    }
+}
+
+/// The controller settings of a test watching `ns` (keeping the worker Pods: see
+/// [`keep_worker_pods`]).
 pub fn test_config(ns: &str) -> ControllerConfig {
     ControllerConfig {
         namespace: Some(ns.to_owned()),
         policy: test_policy(),
+        worker: keep_worker_pods(),
         // As the chart runs it on Kubernetes >= 1.34 (the tests' control plane is 1.36); the
         // tests that build their own config (chaos, leader election, the chart's) use paged lists.
         streaming_lists: true,

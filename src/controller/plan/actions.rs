@@ -257,8 +257,8 @@ impl Planner<'_> {
         steps
     }
 
-    pub(super) fn succeed(&self, output: &str) -> Vec<Step> {
-        vec![
+    pub(super) fn succeed(&self, plan: &mut Plan, output: &str) {
+        plan.steps.extend([
             patch_run(
                 AgentRunStatusPatch {
                     phase: Some(AgentRunPhase::Succeeded),
@@ -283,11 +283,12 @@ impl Planner<'_> {
                 EventReason::Succeeded,
                 format!("Run finished: {}", truncate(output, 200)),
             ),
-        ]
+        ]);
+        self.delete_pods(plan, AgentRunPhase::Succeeded);
     }
 
-    pub(super) fn fail(&self, reason: Reason, message: &str) -> Vec<Step> {
-        vec![
+    pub(super) fn fail(&self, plan: &mut Plan, reason: Reason, message: &str) {
+        plan.steps.extend([
             patch_run(
                 AgentRunStatusPatch {
                     phase: Some(AgentRunPhase::Failed),
@@ -303,7 +304,16 @@ impl Planner<'_> {
                 EventReason::Failed,
                 format!("{reason}: {message}"),
             ),
-        ]
+        ]);
+        self.delete_pods(plan, AgentRunPhase::Failed);
+    }
+
+    /// Deletes the worker Pods of a run that finished in `phase`, once its status says so, when
+    /// the settings ask for it.
+    fn delete_pods(&self, plan: &mut Plan, phase: AgentRunPhase) {
+        if self.worker.pod_deletion.deletes(phase) {
+            plan.after.push(Step::DeleteWorkerPods);
+        }
     }
 }
 

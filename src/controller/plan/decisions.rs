@@ -112,10 +112,11 @@ impl Planner<'_> {
             decided_times.push(decision.decided_at);
             if let Err(e) = apply_decision(&mut state, decision) {
                 plan.steps.extend(in_order);
-                plan.steps.extend(self.fail(
+                self.fail(
+                    plan,
                     Reason::InvalidRunState,
                     &format!("applying the decision on {}: {e}", decision.request),
-                ));
+                );
                 return;
             }
             let (type_, reason, note) = decision_event(decision);

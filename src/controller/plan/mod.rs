@@ -88,6 +88,9 @@ pub enum Step {
     WriteChunks(Box<StoredState>),
     /// Patch the run's status.
     PatchRun(Box<StatusPatch<AgentRunStatusPatch>>),
+    /// Delete the finished run's worker Pods (best effort: a failure is logged, and the Pods go
+    /// with the run).
+    DeleteWorkerPods,
     /// Delete the run's chunks of other states than this digest.
     PruneChunks {
         /// The digest of the state the status references.
@@ -217,13 +220,14 @@ pub fn plan(
             .extend(planner.request_approvals(create, pending)),
         Action::Resume { decisions } => match &observed.state {
             Some(Ok(state)) => planner.resume(&mut plan, state.clone(), decisions),
-            _ => plan.steps.extend(planner.fail(
+            _ => planner.fail(
+                &mut plan,
                 Reason::InvalidRunState,
                 "the run's state was not read before its decisions were applied",
-            )),
+            ),
         },
-        Action::Succeed { output } => plan.steps.extend(planner.succeed(&output)),
-        Action::Fail { reason, message } => plan.steps.extend(planner.fail(reason, &message)),
+        Action::Succeed { output } => planner.succeed(&mut plan, &output),
+        Action::Fail { reason, message } => planner.fail(&mut plan, reason, &message),
     }
     plan
 }

@@ -1,12 +1,14 @@
 //! Unit tests of the planner: each action's steps from plain fixtures.
 
 use super::*;
+use crate::controller::children::WorkerPodDeletion;
 use crate::crd::keys::{finalizers, labels};
 use crate::crd::stored_state::decode;
 use crate::crd::{
     Agent, AgentRun, AgentRunPhase, AgentRunStatus, ApprovalPhase, Decision, ToolCallRecord,
     WorkerOverrides, halted_state,
 };
+use crate::state::RunState;
 use k8s_openapi::api::core::v1::PodStatus;
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
@@ -226,27 +228,8 @@ fn the_first_step_creates_the_worker_identity_then_the_status_then_the_pod() {
 
 #[test]
 fn a_halt_creates_its_requests_then_says_the_run_awaits_approval() {
-    let mut run = AgentRun::test()
-        .in_phase(Some(AgentRunPhase::Running))
-        .at_step(0)
-        .with_retries(0);
-    run.status.as_mut().unwrap().created_by = Some("carol@example.com".into());
-    let mut o = Observed::of(run);
-    o.pods = vec![
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("r1-step-0".into()),
-                ..Default::default()
-            },
-            status: Some(PodStatus {
-                phase: Some("Succeeded".into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-        .into(),
-    ];
-    o.state = Some(Ok(halted_state()));
+    let mut o = finished_step(halted_state());
+    o.run.status.as_mut().unwrap().created_by = Some("carol@example.com".into());
     let plan = plan_of(&o);
     match &plan.steps[0] {
         Step::CreateRequest {
@@ -472,5 +455,82 @@ fn with_signing_an_approval_is_recorded_with_its_assertion_before_the_state_move
     let planned = plan(&o, &claims_allowed, &worker, Some(&issuer));
     assert!(
         matches!(leaves(&planned.steps)[1], Step::RecordResolution(r) if r.assertion.is_none())
+    );
+}
+
+/// A running run whose step-0 worker succeeded, with `state`.
+fn finished_step(state: RunState) -> Observed {
+    let mut o = Observed::of(
+        AgentRun::test()
+            .in_phase(Some(AgentRunPhase::Running))
+            .at_step(0)
+            .with_retries(0),
+    );
+    o.pods = vec![
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("r1-step-0".into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Succeeded".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .into(),
+    ];
+    o.state = Some(Ok(state));
+    o
+}
+
+#[test]
+fn a_finished_run_deletes_its_worker_pods_as_configured_after_its_status() {
+    let mut done = RunState::new("uid-1", "ops", "hi");
+    done.final_output = Some("User u-1 deleted.".into());
+    let succeeded = finished_step(done);
+    let mut invalid = awaiting(ApprovalRequest::test_for(&halted_state(), None));
+    invalid.state = Some(Err("runState: field `messages`: expected a list".into()));
+    let policy = Policy::default();
+    for (deletion, on_success, on_failure) in [
+        (WorkerPodDeletion::Succeeded, true, false),
+        (WorkerPodDeletion::Finished, true, true),
+        (WorkerPodDeletion::Never, false, false),
+    ] {
+        let worker = WorkerSettings {
+            pod_deletion: deletion,
+            ..Default::default()
+        };
+        for (o, phase, deletes) in [
+            (&succeeded, AgentRunPhase::Succeeded, on_success),
+            (&invalid, AgentRunPhase::Failed, on_failure),
+        ] {
+            let planned = plan(o, &policy, &worker, None);
+            assert_eq!(run_patch(&planned.steps[0]).status.phase, Some(phase));
+            // Never before the status that finishes the run: the Pod's success is what
+            // the controller reads the worker's last state by.
+            assert!(
+                !planned
+                    .steps
+                    .iter()
+                    .any(|s| matches!(s, Step::DeleteWorkerPods)),
+                "{deletion}, {phase:?}"
+            );
+            let deleting = matches!(&planned.after[..], [Step::DeleteWorkerPods]);
+            assert_eq!(
+                deleting, deletes,
+                "{deletion}, {phase:?}: {:?}",
+                planned.after
+            );
+        }
+    }
+    assert_eq!(WorkerPodDeletion::default(), WorkerPodDeletion::Succeeded);
+}
+
+#[test]
+fn worker_pods_are_selected_by_run_among_the_pods_agentrun_manages() {
+    assert_eq!(
+        crate::controller::children::worker_pods_selector("r1"),
+        "app.kubernetes.io/managed-by=agentrun,agentrun.dev/run=r1"
     );
 }

@@ -1412,7 +1412,7 @@ async fn the_controller_service_account_holds_nothing_more_than_it_needs() {
         vec!["create", "approvalrequests.agentrun.dev", "-n", t],
         vec!["get", "agents.agentrun.dev", "-n", t],
         vec!["create", "pods", "-n", t],
-        vec!["deletecollection", "pods", "-n", t],
+        vec!["delete", "pods", "-n", t],
         vec!["patch", "roles.rbac.authorization.k8s.io", "-n", t],
         vec!["patch", "rolebindings.rbac.authorization.k8s.io", "-n", t],
         vec!["patch", "serviceaccounts", "-n", t],

@@ -54,18 +54,6 @@ impl WorkerPodDeletion {
     }
 }
 
-/// The label selector of a run's worker Pods (and of nothing a user labelled alike: the Pods
-/// agentrun manages).
-pub fn worker_pods_selector(run_name: &str) -> String {
-    format!(
-        "{}={},{}={}",
-        labels::MANAGED_BY.0,
-        labels::MANAGED_BY.1,
-        labels::RUN,
-        run_label_value(run_name)
-    )
-}
-
 impl Default for WorkerSettings {
     fn default() -> Self {
         WorkerSettings {

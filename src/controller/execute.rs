@@ -11,6 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{Instrument, info, warn};
 
+use super::cached_pod::CachedPod;
 use super::plan::{Announcement, Plan, Requeue, Step};
 use super::{Context, ReconcileError};
 use crate::chunk_store;
@@ -152,19 +153,7 @@ impl Executor {
                     crate::telemetry::spans::run_finished(&self.run, phase, message);
                 }
             }
-            Step::DeleteWorkerPods => {
-                let selector = super::children::worker_pods_selector(&self.run.name_any());
-                let deleted = self
-                    .api::<Pod>()
-                    .delete_collection(
-                        &DeleteParams::default(),
-                        &ListParams::default().labels(&selector),
-                    )
-                    .await;
-                if let Err(error) = deleted {
-                    warn!(run = %self.run.name_any(), %error, "could not delete the finished run's worker Pods; they go with the run");
-                }
-            }
+            Step::DeleteWorkerPods(pods) => self.delete_pods(&pods).await,
             Step::PruneChunks { keep_digest } => {
                 chunk_store::prune(&self.ctx.client, &self.run, &keep_digest).await;
             }
@@ -289,6 +278,27 @@ impl Executor {
     /// Queues an Event about the run, published beside the reconcile, best effort: a failure is
     /// logged, never retried, and the reconcile does not wait for it (an Event is not worth one of
     /// the reconcile slots that decisions wait for); dropped if too many wait already.
+    /// Deletes a finished run's worker Pods, a few runs' at a time: their deletion is never
+    /// urgent, and must not take the API server's share of the runs in progress.
+    async fn delete_pods(&self, pods: &[String]) {
+        let Ok(_permit) = self.ctx.pod_deletions.acquire().await else {
+            return;
+        };
+        let api = &self.api::<CachedPod>();
+        let deletes = pods
+            .iter()
+            .map(|pod| async move { (pod, api.delete(pod, &DeleteParams::default()).await) });
+        for (pod, deleted) in futures::future::join_all(deletes).await {
+            match deleted {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => {
+                    warn!(run = %self.run.name_any(), %pod, %error, "could not delete a finished run's worker Pod; it goes with the run");
+                }
+            }
+        }
+    }
+
     fn publish(&self, announcement: Announcement) {
         let reason: &'static str = announcement.reason.into();
         let event = Event {

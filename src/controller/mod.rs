@@ -205,6 +205,7 @@ pub struct Context {
     memory: memory::Memory,
     states: Arc<state_cache::StateCache>,
     state_reads: Arc<tokio::sync::Semaphore>,
+    pod_deletions: tokio::sync::Semaphore,
 }
 
 impl Context {

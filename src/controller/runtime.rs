@@ -36,6 +36,8 @@ const RUN_LIST_PAGE_SIZE: u32 = 100;
 /// How many reconciles read a RunState from the API server at once (each may hold a large state
 /// while it decides and writes).
 const STATE_READS_AT_ONCE: usize = 8;
+/// How many finished runs have their worker Pods deleted at once (the others wait their turn).
+const POD_DELETIONS_AT_ONCE: usize = 16;
 
 /// Agent events buffered for each of the Agents' two consumers.
 const AGENT_EVENT_BUFFER: usize = 256;
@@ -320,6 +322,7 @@ async fn run_controllers(
         memory: memory::Memory::default(),
         states,
         state_reads: Arc::new(tokio::sync::Semaphore::new(STATE_READS_AT_ONCE)),
+        pod_deletions: tokio::sync::Semaphore::new(POD_DELETIONS_AT_ONCE),
     });
     let _notifications = notifier.map(|n| AbortOnDropHandle::new(tokio::spawn(n.run())));
     info!("agentrun controller started");

@@ -165,7 +165,7 @@ pub fn count_audit_requests<R: BufRead>(
             .and_then(|o| o.status.as_ref())
             .and_then(|s| s.phase.as_deref())
             .is_some_and(is_completion_reason);
-        let deletes_pods = resource == "pods" && event.verb == "deletecollection";
+        let deletes_pods = resource == "pods" && event.verb == "delete";
         if (resource == "agentruns/status" && is_write(&event.verb) && finishes) || deletes_pods {
             resource.push_str(COMPLETION);
         }
@@ -286,7 +286,7 @@ mod tests {
             patch("b", "Succeeded"),
             patch("c", "Failed"),
             pods("d", "create"),
-            pods("e", "deletecollection"),
+            pods("e", "delete"),
         ]
         .join("\n");
         let counts = count_audit_requests(log.as_bytes(), me).unwrap();
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(counts.completion_writes(), 3);
         assert_eq!(counts.by_kind["patch agentruns/status"], 1);
         assert_eq!(counts.by_kind["create pods"], 1);
-        assert_eq!(counts.by_kind["deletecollection pods (completion)"], 1);
+        assert_eq!(counts.by_kind["delete pods (completion)"], 1);
         assert!(is_completion_reason("Succeeded") && !is_completion_reason("Approved"));
     }
 

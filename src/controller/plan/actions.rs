@@ -308,11 +308,13 @@ impl Planner<'_> {
         self.delete_pods(plan, AgentRunPhase::Failed);
     }
 
-    /// Deletes the worker Pods of a run that finished in `phase`, once its status says so, when
-    /// the settings ask for it.
+    /// Deletes the worker Pods of a run that finished in `phase` (every one the Pod watch shows:
+    /// the last step's success was seen there, so were the earlier ones), once its status says
+    /// so, when the settings ask for it.
     fn delete_pods(&self, plan: &mut Plan, phase: AgentRunPhase) {
-        if self.worker.pod_deletion.deletes(phase) {
-            plan.after.push(Step::DeleteWorkerPods);
+        let pods: Vec<String> = self.o.pods.iter().map(|p| p.name_any()).collect();
+        if self.worker.pod_deletion.deletes(phase) && !pods.is_empty() {
+            plan.after.push(Step::DeleteWorkerPods(pods));
         }
     }
 }

@@ -88,9 +88,9 @@ pub enum Step {
     WriteChunks(Box<StoredState>),
     /// Patch the run's status.
     PatchRun(Box<StatusPatch<AgentRunStatusPatch>>),
-    /// Delete the finished run's worker Pods (best effort: a failure is logged, and the Pods go
-    /// with the run).
-    DeleteWorkerPods,
+    /// Delete the finished run's worker Pods, by name (best effort: a failure is logged, and the
+    /// Pods go with the run).
+    DeleteWorkerPods(Vec<String>),
     /// Delete the run's chunks of other states than this digest.
     PruneChunks {
         /// The digest of the state the status references.

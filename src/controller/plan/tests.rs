@@ -491,6 +491,7 @@ fn a_finished_run_deletes_its_worker_pods_as_configured_after_its_status() {
     let succeeded = finished_step(done);
     let mut invalid = awaiting(ApprovalRequest::test_for(&halted_state(), None));
     invalid.state = Some(Err("runState: field `messages`: expected a list".into()));
+    invalid.pods = succeeded.pods.clone();
     let policy = Policy::default();
     for (deletion, on_success, on_failure) in [
         (WorkerPodDeletion::Succeeded, true, false),
@@ -513,24 +514,21 @@ fn a_finished_run_deletes_its_worker_pods_as_configured_after_its_status() {
                 !planned
                     .steps
                     .iter()
-                    .any(|s| matches!(s, Step::DeleteWorkerPods)),
+                    .any(|s| matches!(s, Step::DeleteWorkerPods(_))),
                 "{deletion}, {phase:?}"
             );
-            let deleting = matches!(&planned.after[..], [Step::DeleteWorkerPods]);
-            assert_eq!(
-                deleting, deletes,
-                "{deletion}, {phase:?}: {:?}",
-                planned.after
-            );
+            let deleted: Vec<&Vec<String>> = planned
+                .after
+                .iter()
+                .filter_map(|s| match s {
+                    Step::DeleteWorkerPods(pods) => Some(pods),
+                    _ => None,
+                })
+                .collect();
+            let every_pod = vec!["r1-step-0".to_owned()];
+            let expected = if deletes { vec![&every_pod] } else { vec![] };
+            assert_eq!(deleted, expected, "{deletion}, {phase:?}");
         }
     }
     assert_eq!(WorkerPodDeletion::default(), WorkerPodDeletion::Succeeded);
-}
-
-#[test]
-fn worker_pods_are_selected_by_run_among_the_pods_agentrun_manages() {
-    assert_eq!(
-        crate::controller::children::worker_pods_selector("r1"),
-        "app.kubernetes.io/managed-by=agentrun,agentrun.dev/run=r1"
-    );
 }

@@ -275,9 +275,6 @@ impl Executor {
         Ok(())
     }
 
-    /// Queues an Event about the run, published beside the reconcile, best effort: a failure is
-    /// logged, never retried, and the reconcile does not wait for it (an Event is not worth one of
-    /// the reconcile slots that decisions wait for); dropped if too many wait already.
     /// Deletes a finished run's worker Pods, a few runs' at a time: their deletion is never
     /// urgent, and must not take the API server's share of the runs in progress.
     async fn delete_pods(&self, pods: &[String]) {
@@ -299,6 +296,9 @@ impl Executor {
         }
     }
 
+    /// Queues an Event about the run, published beside the reconcile, best effort: a failure is
+    /// logged, never retried, and the reconcile does not wait for it (an Event is not worth one of
+    /// the reconcile slots that decisions wait for); dropped if too many wait already.
     fn publish(&self, announcement: Announcement) {
         let reason: &'static str = announcement.reason.into();
         let event = Event {

@@ -3,6 +3,7 @@
 //! minted for the run's service account), people act through real `kubectl` with their own tokens,
 //! and the model and tools are real HTTP servers on loopback.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use agentrun::controller;
@@ -15,6 +16,7 @@ use agentrun_testkit::runs::{
     agent_yaml, approvers_role, pods_of, requests_of, run_yaml, wait_for_phase,
 };
 use agentrun_testkit::tool_server::ToolServer;
+use agentrun_testkit::wait::poll_until;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -364,14 +366,20 @@ async fn by_default_a_succeeded_run_deletes_its_worker_pods_and_a_failed_one_kee
         &run_yaml(&ns.name, "ok", "ops", "Say hello"),
     );
     wait_for_phase(cp, &ns.name, "ok", AgentRunPhase::Succeeded).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let left = loop {
-        let pods = pods_of(cp, &ns.name).await;
-        if !pods.iter().any(|p| p.starts_with("ok-")) || tokio::time::Instant::now() > deadline {
-            break pods;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let left = poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let pods = pods_of(cp, &ns.name).await;
+            if pods.iter().any(|p| p.starts_with("ok-")) {
+                ControlFlow::Continue(pods)
+            } else {
+                ControlFlow::Break(pods)
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|pods| pods);
     // The failed run finished first: had its Pods been deleted, they would be gone by now.
     assert_eq!(
         left,

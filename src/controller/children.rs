@@ -52,6 +52,14 @@ impl WorkerPodDeletion {
             WorkerPodDeletion::Finished => phase.is_terminal(),
         }
     }
+
+    /// Whether `run` has finished, in a phase whose worker Pods are deleted.
+    pub fn deletes_pods_of(self, run: &AgentRun) -> bool {
+        run.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|phase| phase.is_terminal() && self.deletes(phase))
+    }
 }
 
 impl Default for WorkerSettings {

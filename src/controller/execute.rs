@@ -276,21 +276,31 @@ impl Executor {
     }
 
     /// Deletes a finished run's worker Pods, a few runs' at a time: their deletion is never
-    /// urgent, and must not take the API server's share of the runs in progress.
+    /// urgent, and must not take the API server's share of the runs in progress. A Pod whose
+    /// deletion a reconcile before asked for is left to that one.
     async fn delete_pods(&self, pods: &[String]) {
+        let memory = &self.ctx.memory;
+        let pods: Vec<&String> = pods
+            .iter()
+            .filter(|pod| memory.deleting_pod(&self.ns, pod))
+            .collect();
+        if pods.is_empty() {
+            return;
+        }
         let Ok(_permit) = self.ctx.pod_deletions.acquire().await else {
             return;
         };
         let api = &self.api::<CachedPod>();
         let deletes = pods
-            .iter()
+            .into_iter()
             .map(|pod| async move { (pod, api.delete(pod, &DeleteParams::default()).await) });
         for (pod, deleted) in futures::future::join_all(deletes).await {
             match deleted {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(error) => {
-                    warn!(run = %self.run.name_any(), %pod, %error, "could not delete a finished run's worker Pod; it goes with the run");
+                    memory.forget_deleting(&self.ns, pod);
+                    warn!(run = %self.run.name_any(), %pod, %error, "could not delete a finished run's worker Pod; a later reconcile of the run tries again, and it goes with the run");
                 }
             }
         }

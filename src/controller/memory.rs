@@ -17,12 +17,13 @@ const CAPACITY: u64 = 100_000;
 pub const CREATED_POD_UNSEEN_FOR: Duration = Duration::from_secs(30);
 
 /// The run versions this replica wrote over (by run uid), the ApprovalRequests whose resolution
-/// it recorded and the worker Pods it created that the Pod watch has not shown yet (both by
-/// `namespace/name`).
+/// it recorded, the worker Pods it created that the Pod watch has not shown yet and those it is
+/// deleting (the last three by `namespace/name`).
 pub struct Memory {
     written: Cache<String, String>,
     recorded: Cache<String, ()>,
     created: Cache<String, ()>,
+    deleted: Cache<String, ()>,
 }
 
 impl Default for Memory {
@@ -37,12 +38,13 @@ impl Default for Memory {
 
 impl Memory {
     /// A memory whose written versions expire after `written_for`, recorded requests after
-    /// `recorded_for` and created Pods after `created_for`.
-    pub fn new(written_for: Duration, recorded_for: Duration, created_for: Duration) -> Memory {
+    /// `recorded_for`, and created and deleted Pods after `pods_for`.
+    pub fn new(written_for: Duration, recorded_for: Duration, pods_for: Duration) -> Memory {
         Memory {
             written: cache(written_for),
             recorded: cache(recorded_for),
-            created: cache(created_for),
+            created: cache(pods_for),
+            deleted: cache(pods_for),
         }
     }
 
@@ -91,6 +93,17 @@ impl Memory {
     /// Whether worker Pod `name` in `ns` was created recently and the Pod watch has not shown it.
     pub fn created_unseen(&self, ns: &str, name: &str) -> bool {
         self.created.contains_key(&key(ns, name))
+    }
+
+    /// Remembers that worker Pod `name` in `ns` is being deleted; `false` if it was already,
+    /// recently (a reconcile before the Pod watch showed it gone asked for it again).
+    pub fn deleting_pod(&self, ns: &str, name: &str) -> bool {
+        self.deleted.entry(key(ns, name)).or_insert(()).is_fresh()
+    }
+
+    /// Forgets a Pod's deletion (it failed: a later reconcile may ask for it again).
+    pub fn forget_deleting(&self, ns: &str, name: &str) {
+        self.deleted.invalidate(&key(ns, name));
     }
 }
 
@@ -163,5 +176,27 @@ mod tests {
         short.created_pod("ns", "r1-step-1");
         std::thread::sleep(Duration::from_millis(60));
         assert!(!short.created_unseen("ns", "r1-step-1"));
+    }
+
+    #[test]
+    fn a_pod_is_deleted_once_until_forgotten_or_expired() {
+        let memory = Memory::default();
+        assert!(memory.deleting_pod("ns", "r1-step-1"));
+        assert!(!memory.deleting_pod("ns", "r1-step-1"), "asked again");
+        assert!(memory.deleting_pod("other", "r1-step-1"));
+        memory.forget_deleting("ns", "r1-step-1");
+        assert!(
+            memory.deleting_pod("ns", "r1-step-1"),
+            "the deletion failed"
+        );
+
+        let short = Memory::new(
+            Duration::from_secs(300),
+            Duration::from_secs(300),
+            Duration::from_millis(20),
+        );
+        assert!(short.deleting_pod("ns", "r1-step-1"));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(short.deleting_pod("ns", "r1-step-1"));
     }
 }

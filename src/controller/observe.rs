@@ -50,6 +50,9 @@ pub struct Observed {
     pub created_unseen: BTreeSet<String>,
     /// This replica wrote over this version of the run: the watch has not delivered the write.
     pub stale: bool,
+    /// The run's cached version, the watch's, has finished: every later reconcile starts from
+    /// a finished run (a status this reconcile read from the API server does not say so).
+    pub finished_in_cache: bool,
     /// The admission policies that stamp and check decisions are installed.
     pub policies_installed: bool,
     /// What the deciders and voters of undecided requests may do in the namespace, by stamped
@@ -189,6 +192,7 @@ impl Observed {
     #[cfg(test)]
     pub fn of(run: AgentRun) -> Observed {
         Observed {
+            finished_in_cache: run.is_finished(),
             run,
             agent: Some(Arc::new(Agent::test())),
             pods: vec![],
@@ -252,6 +256,7 @@ pub async fn observe(
         recorded,
         created_unseen,
         stale: ctx.memory.is_stale(run),
+        finished_in_cache: run.is_finished(),
         policies_installed: ctx.policies_installed(),
         rights: BTreeMap::new(),
         policies: ctx.policies_for(&ns),

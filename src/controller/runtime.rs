@@ -166,7 +166,9 @@ async fn run_controllers(
     let request_tap = run_tap.clone();
     let (run_reader, run_writer) = reflector::store();
     let observed_states = states.clone();
-    // The Pods and requests of runs in progress (see Owned::observe_owner_event).
+    // The Pods and requests of runs in progress (see Owned::observe_owner_event), and the Pods of
+    // finished runs that are to be deleted, until they are.
+    let deletion = config.worker.pod_deletion;
     let pods = Arc::new(Owned::<CachedPod>::new());
     let requests = Arc::new(Owned::<ApprovalRequest>::new());
     let (run_pods, run_requests) = (pods.clone(), requests.clone());
@@ -178,7 +180,9 @@ async fn run_controllers(
     .default_backoff()
     .inspect_ok(move |event| observed_states.observe_event(event))
     .inspect_ok(move |event| {
-        run_pods.observe_owner_event(event, AgentRun::is_finished);
+        run_pods.observe_owner_event(event, |run| {
+            run.is_finished() && !deletion.deletes_pods_of(run)
+        });
         run_requests.observe_owner_event(event, AgentRun::is_finished);
     })
     .modify(move |run| strip_run(run, &snapshots))

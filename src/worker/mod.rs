@@ -29,7 +29,7 @@ use crate::chunk_store;
 use crate::crd::keys::field_managers;
 use crate::crd::status_patch::{AgentRunStatusPatch, StatusPatch};
 use crate::crd::stored_state::{StoredState, StoredStateError};
-use crate::crd::{AgentRun, AgentSnapshot};
+use crate::crd::{AgentRun, AgentRunPhase, AgentSnapshot};
 use crate::state::RunState;
 
 /// Errors of one worker step; each is printed on stderr and ends up in the Pod's termination
@@ -71,6 +71,12 @@ pub enum WorkerError {
         expected: u32,
         /// The step the run is at.
         current: u32,
+    },
+    /// The run has finished: no step of it runs again, whatever Pod was started for it.
+    #[error("the run has {phase}: this worker runs nothing")]
+    RunFinished {
+        /// The run's phase.
+        phase: AgentRunPhase,
     },
     /// The agent loop failed.
     #[error("{0}")]
@@ -267,7 +273,7 @@ fn step_wait() -> ExponentialBuilder {
 /// Reads the run once it is at `step`. The controller creates the Pod of a resumed run's next step
 /// at the same time as it writes the status that moves the run to that step, so a worker may start
 /// first: it reads again (with `backoff`) while the run is at an earlier step. A run past `step`,
-/// or still before it when the backoff ends, is stale.
+/// or still before it when the backoff ends, is stale; a finished run has no step to run.
 async fn run_at_step(
     runs: &Api<AgentRun>,
     name: &str,
@@ -276,6 +282,11 @@ async fn run_at_step(
 ) -> Result<AgentRun, WorkerError> {
     let read = || async {
         let run = runs.get(name).await?;
+        if let Some(phase) = run.status.as_ref().and_then(|s| s.phase)
+            && phase.is_terminal()
+        {
+            return Err(WorkerError::RunFinished { phase });
+        }
         let current = run.status.as_ref().and_then(|s| s.step).unwrap_or(0);
         if current == step {
             Ok(run)

@@ -1,10 +1,10 @@
 //! A worker started before its run reaches its step: the controller creates a resumed run's next
 //! worker Pod at the same time as it writes the status that moves the run to that step, so the
-//! worker waits for that write instead of failing the step.
+//! worker waits for that write instead of failing the step. A worker of a finished run runs nothing.
 
 use std::time::Duration;
 
-use agentrun::crd::AgentRun;
+use agentrun::crd::{AgentRun, AgentRunPhase};
 use agentrun::worker::{WorkerError, run_step};
 use agentrun_testkit::cluster::{ControlPlane, Identity};
 use agentrun_testkit::runs::run_yaml;
@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_waits_for_its_run_to_reach_its_step_and_refuses_a_later_one() {
+async fn a_worker_waits_for_its_run_to_reach_its_step_and_refuses_a_later_one_or_a_finished_run() {
     let cp = ControlPlane::shared().await;
     cp.install_crds().await;
     let ns = cp.namespace("worker-start").await;
@@ -51,9 +51,12 @@ async fn a_worker_waits_for_its_run_to_reach_its_step_and_refuses_a_later_one() 
     );
 
     // A worker of an earlier step is stale at once.
-    let stale = tokio::time::timeout(Duration::from_secs(5), run_step(client, &ns.name, "r1", 0))
-        .await
-        .expect("a stale worker does not wait");
+    let stale = tokio::time::timeout(
+        Duration::from_secs(5),
+        run_step(client.clone(), &ns.name, "r1", 0),
+    )
+    .await
+    .expect("a stale worker does not wait");
     assert!(
         matches!(
             stale,
@@ -63,5 +66,24 @@ async fn a_worker_waits_for_its_run_to_reach_its_step_and_refuses_a_later_one() 
             })
         ),
         "{stale:?}"
+    );
+
+    // A worker started for a finished run (by a controller that saw an earlier version of it)
+    // runs nothing, not even at the run's step.
+    set_status(json!({"phase": "Succeeded", "step": 1})).await;
+    let late = tokio::time::timeout(
+        Duration::from_secs(5),
+        run_step(client.clone(), &ns.name, "r1", 1),
+    )
+    .await
+    .expect("a worker of a finished run does not wait");
+    assert!(
+        matches!(
+            late,
+            Err(WorkerError::RunFinished {
+                phase: AgentRunPhase::Succeeded
+            })
+        ),
+        "{late:?}"
     );
 }

@@ -257,8 +257,8 @@ impl Planner<'_> {
         steps
     }
 
-    pub(super) fn succeed(&self, plan: &mut Plan, output: &str) {
-        plan.steps.extend([
+    pub(super) fn succeed(&self, output: &str) -> Vec<Step> {
+        vec![
             patch_run(
                 AgentRunStatusPatch {
                     phase: Some(AgentRunPhase::Succeeded),
@@ -283,12 +283,11 @@ impl Planner<'_> {
                 EventReason::Succeeded,
                 format!("Run finished: {}", truncate(output, 200)),
             ),
-        ]);
-        self.delete_pods(plan, AgentRunPhase::Succeeded);
+        ]
     }
 
-    pub(super) fn fail(&self, plan: &mut Plan, reason: Reason, message: &str) {
-        plan.steps.extend([
+    pub(super) fn fail(&self, reason: Reason, message: &str) -> Vec<Step> {
+        vec![
             patch_run(
                 AgentRunStatusPatch {
                     phase: Some(AgentRunPhase::Failed),
@@ -304,18 +303,7 @@ impl Planner<'_> {
                 EventReason::Failed,
                 format!("{reason}: {message}"),
             ),
-        ]);
-        self.delete_pods(plan, AgentRunPhase::Failed);
-    }
-
-    /// Deletes the worker Pods of a run that finished in `phase` (every one the Pod watch shows:
-    /// the last step's success was seen there, so were the earlier ones), once its status says
-    /// so, when the settings ask for it.
-    fn delete_pods(&self, plan: &mut Plan, phase: AgentRunPhase) {
-        let pods: Vec<String> = self.o.pods.iter().map(|p| p.name_any()).collect();
-        if self.worker.pod_deletion.deletes(phase) && !pods.is_empty() {
-            plan.after.push(Step::DeleteWorkerPods(pods));
-        }
+        ]
     }
 }
 

@@ -112,11 +112,10 @@ impl Planner<'_> {
             decided_times.push(decision.decided_at);
             if let Err(e) = apply_decision(&mut state, decision) {
                 plan.steps.extend(in_order);
-                self.fail(
-                    plan,
+                plan.steps.extend(self.fail(
                     Reason::InvalidRunState,
                     &format!("applying the decision on {}: {e}", decision.request),
-                );
+                ));
                 return;
             }
             let (type_, reason, note) = decision_event(decision);

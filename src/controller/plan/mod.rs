@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 mod actions;
@@ -88,8 +89,8 @@ pub enum Step {
     WriteChunks(Box<StoredState>),
     /// Patch the run's status.
     PatchRun(Box<StatusPatch<AgentRunStatusPatch>>),
-    /// Delete the finished run's worker Pods, by name (best effort: a failure is logged, and the
-    /// Pods go with the run).
+    /// Delete the finished run's worker Pods, by name (a failure is logged; a later reconcile of
+    /// the run tries again, and the Pods go with the run in any case).
     DeleteWorkerPods(Vec<String>),
     /// Delete the run's chunks of other states than this digest.
     PruneChunks {
@@ -156,6 +157,7 @@ pub fn plan(
 ) -> Plan {
     let mut plan = Plan::default();
     if observed.is_terminal() {
+        plan.after.extend(delete_worker_pods(observed, worker));
         return plan;
     }
     if observed.stale {
@@ -220,16 +222,25 @@ pub fn plan(
             .extend(planner.request_approvals(create, pending)),
         Action::Resume { decisions } => match &observed.state {
             Some(Ok(state)) => planner.resume(&mut plan, state.clone(), decisions),
-            _ => planner.fail(
-                &mut plan,
+            _ => plan.steps.extend(planner.fail(
                 Reason::InvalidRunState,
                 "the run's state was not read before its decisions were applied",
-            ),
+            )),
         },
-        Action::Succeed { output } => planner.succeed(&mut plan, &output),
-        Action::Fail { reason, message } => planner.fail(&mut plan, reason, &message),
+        Action::Succeed { output } => plan.steps.extend(planner.succeed(&output)),
+        Action::Fail { reason, message } => plan.steps.extend(planner.fail(reason, &message)),
     }
     plan
+}
+
+/// Deletes a finished run's worker Pods when the settings ask for it, once the run's cached
+/// version says it finished. Not at the status write that finishes it: until the watch delivers
+/// that write, a reconcile starts from an earlier version of the run, in which the Pod of the step
+/// it runs would be missing, and so created again.
+fn delete_worker_pods(o: &Observed, worker: &WorkerSettings) -> Option<Step> {
+    let pods: Vec<String> = o.pods.iter().map(|p| p.name_any()).collect();
+    (o.finished_in_cache && worker.pod_deletion.deletes_pods_of(&o.run) && !pods.is_empty())
+        .then_some(Step::DeleteWorkerPods(pods))
 }
 
 /// Surfaces, once, the tool calls a worker recorded as `Unknown` (a non-idempotent call that a

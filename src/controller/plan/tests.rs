@@ -484,15 +484,44 @@ fn finished_step(state: RunState) -> Observed {
     o
 }
 
+/// The worker Pods a plan deletes, wherever in the plan.
+fn deleted_pods(planned: &Plan) -> Vec<&Vec<String>> {
+    planned
+        .steps
+        .iter()
+        .chain(&planned.after)
+        .filter_map(|s| match s {
+            Step::DeleteWorkerPods(pods) => Some(pods),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
-fn a_finished_run_deletes_its_worker_pods_as_configured_after_its_status() {
+fn a_finished_runs_worker_pods_are_deleted_as_configured_once_its_cached_version_says_so() {
     let mut done = RunState::new("uid-1", "ops", "hi");
     done.final_output = Some("User u-1 deleted.".into());
-    let succeeded = finished_step(done);
+    let finishing = finished_step(done);
     let mut invalid = awaiting(ApprovalRequest::test_for(&halted_state(), None));
     invalid.state = Some(Err("runState: field `messages`: expected a list".into()));
-    invalid.pods = succeeded.pods.clone();
+    invalid.pods = finishing.pods.clone();
+    // A reconcile that read the run from the API server and found it finished, while the cache
+    // still has the version before.
+    let mut read_finished = finishing.clone();
+    read_finished.run.status.as_mut().unwrap().phase = Some(AgentRunPhase::Succeeded);
+    let finished_in = |phase| {
+        let mut o = Observed::of(AgentRun::test().in_phase(Some(phase)).at_step(0));
+        o.pods = finishing.pods.clone();
+        o
+    };
+    let (succeeded, failed) = (
+        finished_in(AgentRunPhase::Succeeded),
+        finished_in(AgentRunPhase::Failed),
+    );
+    let mut no_pods = finished_in(AgentRunPhase::Succeeded);
+    no_pods.pods.clear();
     let policy = Policy::default();
+    let every_pod = vec!["r1-step-0".to_owned()];
     for (deletion, on_success, on_failure) in [
         (WorkerPodDeletion::Succeeded, true, false),
         (WorkerPodDeletion::Finished, true, true),
@@ -502,32 +531,23 @@ fn a_finished_run_deletes_its_worker_pods_as_configured_after_its_status() {
             pod_deletion: deletion,
             ..Default::default()
         };
-        for (o, phase, deletes) in [
-            (&succeeded, AgentRunPhase::Succeeded, on_success),
-            (&invalid, AgentRunPhase::Failed, on_failure),
+        // Not at the write that finishes the run: until the watch brings it, a reconcile sees
+        // the run at its step, with the step's Pod gone, and would create it again.
+        for (o, phase) in [
+            (&finishing, AgentRunPhase::Succeeded),
+            (&invalid, AgentRunPhase::Failed),
         ] {
             let planned = plan(o, &policy, &worker, None);
             assert_eq!(run_patch(&planned.steps[0]).status.phase, Some(phase));
-            // Never before the status that finishes the run: the Pod's success is what
-            // the controller reads the worker's last state by.
-            assert!(
-                !planned
-                    .steps
-                    .iter()
-                    .any(|s| matches!(s, Step::DeleteWorkerPods(_))),
-                "{deletion}, {phase:?}"
-            );
-            let deleted: Vec<&Vec<String>> = planned
-                .after
-                .iter()
-                .filter_map(|s| match s {
-                    Step::DeleteWorkerPods(pods) => Some(pods),
-                    _ => None,
-                })
-                .collect();
-            let every_pod = vec!["r1-step-0".to_owned()];
+            assert!(deleted_pods(&planned).is_empty(), "{deletion}, {phase:?}");
+        }
+        assert!(deleted_pods(&plan(&read_finished, &policy, &worker, None)).is_empty());
+        assert!(deleted_pods(&plan(&no_pods, &policy, &worker, None)).is_empty());
+        for (o, deletes) in [(&succeeded, on_success), (&failed, on_failure)] {
+            let planned = plan(o, &policy, &worker, None);
             let expected = if deletes { vec![&every_pod] } else { vec![] };
-            assert_eq!(deleted, expected, "{deletion}, {phase:?}");
+            assert_eq!(deleted_pods(&planned), expected, "{deletion}");
+            assert_eq!(planned.steps.len() + planned.after.len(), expected.len());
         }
     }
     assert_eq!(WorkerPodDeletion::default(), WorkerPodDeletion::Succeeded);

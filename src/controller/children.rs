@@ -58,7 +58,7 @@ impl WorkerPodDeletion {
         run.status
             .as_ref()
             .and_then(|s| s.phase)
-            .is_some_and(|phase| phase.is_terminal() && self.deletes(phase))
+            .is_some_and(|phase| self.deletes(phase))
     }
 }
 
